@@ -1,0 +1,119 @@
+//! The crate's errors: small, opaque, with lowercase messages.
+
+use std::fmt;
+
+use crate::report::RetryReport;
+
+/// A setting that cannot work, reported by a builder's `build()` or a
+/// validating constructor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    message: &'static str,
+}
+
+impl ConfigError {
+    pub(crate) fn new(message: &'static str) -> Self {
+        ConfigError { message }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid retry configuration: {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// An idempotency key that cannot be sent: empty, longer than 255
+/// characters, or holding characters an HTTP header cannot carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    reason: &'static str,
+}
+
+impl KeyError {
+    pub(crate) fn new(reason: &'static str) -> Self {
+        KeyError { reason }
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid idempotency key: {}", self.reason)
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// The error a caller gets when the last attempt of a logical operation ended
+/// without a response (a transport error), or when the request was refused
+/// before anything was sent.
+///
+/// It carries the [`RetryReport`]; [`std::error::Error::source`] is the last
+/// underlying error. The middleware returns it inside
+/// [`reqwest_middleware::Error::Middleware`]; [`RetryError::from_middleware`]
+/// finds it again.
+#[derive(Debug)]
+pub struct RetryError {
+    report: RetryReport,
+    source: reqwest_middleware::Error,
+}
+
+impl RetryError {
+    pub(crate) fn new(report: RetryReport, source: reqwest_middleware::Error) -> Self {
+        RetryError { report, source }
+    }
+
+    /// What the retry loop did before giving up.
+    pub fn report(&self) -> &RetryReport {
+        &self.report
+    }
+
+    /// The last underlying error.
+    pub fn last_error(&self) -> &reqwest_middleware::Error {
+        &self.source
+    }
+
+    /// The underlying error, taking ownership.
+    pub fn into_last_error(self) -> reqwest_middleware::Error {
+        self.source
+    }
+
+    /// Finds the `RetryError` inside an error returned by a
+    /// `ClientWithMiddleware` that uses [`crate::RetryMiddleware`].
+    pub fn from_middleware(err: &reqwest_middleware::Error) -> Option<&RetryError> {
+        match err {
+            reqwest_middleware::Error::Middleware(inner) => inner.downcast_ref::<RetryError>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// Whether the last error was a timeout (per-attempt or deadline).
+    pub fn is_timeout(&self) -> bool {
+        crate::classify::is_timeout(&self.source)
+    }
+
+    /// Whether the last error was a failure to connect.
+    pub fn is_connect(&self) -> bool {
+        crate::classify::is_connect(&self.source)
+    }
+}
+
+impl fmt::Display for RetryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "request failed after {} attempt{} ({})",
+            self.report.attempts(),
+            if self.report.attempts() == 1 { "" } else { "s" },
+            self.report.stop_reason()
+        )
+    }
+}
+
+impl std::error::Error for RetryError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}

@@ -1,0 +1,108 @@
+//! Per-request settings, passed through reqwest-middleware's request
+//! extensions.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{IdempotencyKey, RequestOptions, RetryMiddleware, RetryPolicy};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryMiddleware::new(RetryPolicy::default()))
+//!     .build();
+//! let response = client
+//!     .post("http://payments.internal/payments")
+//!     .with_extension(
+//!         RequestOptions::new()
+//!             .idempotency_key(IdempotencyKey::new("order-42-charge")?)
+//!             .deadline(Duration::from_secs(5)),
+//!     )
+//!     .send()
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::classify::Classifier;
+use crate::idempotency::IdempotencyKey;
+
+/// Settings for one request that override the policy's.
+#[derive(Clone, Default)]
+#[must_use]
+pub struct RequestOptions {
+    pub(crate) key: KeyChoice,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) max_attempts: Option<u32>,
+    pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) classifier: Option<Arc<dyn Classifier>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum KeyChoice {
+    /// The policy decides by method.
+    #[default]
+    Auto,
+    /// Use this key on every attempt.
+    Use(IdempotencyKey),
+    /// Attach none.
+    Skip,
+}
+
+impl RequestOptions {
+    /// No overrides.
+    pub fn new() -> Self {
+        RequestOptions::default()
+    }
+
+    /// Use this key on every attempt (e.g. derived from an order id), whatever
+    /// the method.
+    pub fn idempotency_key(mut self, key: IdempotencyKey) -> Self {
+        self.key = KeyChoice::Use(key);
+        self
+    }
+
+    /// Attach no key to this request. A non-idempotent request without a key
+    /// is then retried only after a connect error.
+    pub fn no_idempotency_key(mut self) -> Self {
+        self.key = KeyChoice::Skip;
+        self
+    }
+
+    /// Total time for this logical operation.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Most attempts for this logical operation (0 is taken as 1).
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n.max(1));
+        self
+    }
+
+    /// Time limit for each attempt of this request.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// A classifier asked before the policy's.
+    pub fn classifier(mut self, classifier: impl Classifier) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+}
+
+impl fmt::Debug for RequestOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestOptions")
+            .field("key", &self.key)
+            .field("deadline", &self.deadline)
+            .field("max_attempts", &self.max_attempts)
+            .field("attempt_timeout", &self.attempt_timeout)
+            .field("classifier", &self.classifier.is_some())
+            .finish()
+    }
+}
