@@ -44,8 +44,13 @@ pub enum Jitter {
     Full,
     /// `ceiling(n)/2 + U(0, ceiling(n)/2)`: never shorter than half the ceiling.
     Equal,
-    /// `min(cap, U(base, prev × 3))`, where `prev` is the previous delay of the
-    /// same logical operation (the base for the first retry).
+    /// `U(base, min(cap, prev × 3))`, where `prev` is the previous delay of
+    /// the same logical operation (the base for the first retry).
+    ///
+    /// Brooker's formula is `min(cap, U(base, prev × 3))`; once `prev × 3`
+    /// passes the cap, that puts two thirds of a fleet at exactly the cap, in
+    /// lockstep. Clamping the upper end first keeps the same range and keeps
+    /// the jitter at the cap.
     Decorrelated,
     /// `ceiling(n) × U(1 − f, 1 + f)`: gRPC's reconnect jitter (`f = 0.2`).
     /// The upper side may exceed the cap by the factor `1 + f`, as in gRPC.
@@ -187,8 +192,8 @@ impl Backoff {
                 half + uniform(rng, Duration::ZERO, ceiling - half)
             }
             Jitter::Decorrelated => {
-                let upper = prev.max(self.base).saturating_mul(3);
-                uniform(rng, self.base, upper).min(self.cap)
+                let upper = prev.max(self.base).saturating_mul(3).min(self.cap);
+                uniform(rng, self.base, upper)
             }
             Jitter::Proportional(f) => {
                 let factor = 1.0 - f + 2.0 * f * rng.random::<f64>();
@@ -236,7 +241,10 @@ mod tests {
     fn ceiling_grows_then_caps() {
         let b = Backoff::new(ms(100), ms(1000)).unwrap();
         let got: Vec<_> = (0..6).map(|n| b.ceiling(n)).collect();
-        assert_eq!(got, [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        assert_eq!(
+            got,
+            [ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]
+        );
         assert_eq!(b.ceiling(10_000), ms(1000));
         assert_eq!(b.ceiling(u32::MAX), ms(1000));
     }
@@ -262,7 +270,9 @@ mod tests {
 
     #[test]
     fn no_jitter_is_the_ceiling() {
-        let b = Backoff::new(ms(5), ms(2000)).unwrap().with_jitter(Jitter::None);
+        let b = Backoff::new(ms(5), ms(2000))
+            .unwrap()
+            .with_jitter(Jitter::None);
         let mut rng = StdRng::seed_from_u64(0);
         assert_eq!(b.delay(3, b.base(), &mut rng), ms(40));
     }
@@ -276,7 +286,10 @@ mod tests {
         let mut prev = b.base();
         for n in 0..50 {
             let d = b.delay(n, prev, &mut rng);
-            assert!(d >= ms(10) && d <= ms(100).min(prev * 3), "{d:?} after {prev:?}");
+            assert!(
+                d >= ms(10) && d <= ms(100).min(prev * 3),
+                "{d:?} after {prev:?}"
+            );
             prev = d;
         }
     }
