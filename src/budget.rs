@@ -69,7 +69,7 @@ impl RetryBudget {
         timeout_cost: f64,
     ) -> Result<Self, ConfigError> {
         let to_milli = |v: f64| -> Result<u64, ConfigError> {
-            if !v.is_finite() || v < 0.0 || v > 1e12 {
+            if !(0.0..=1e12).contains(&v) {
                 return Err(ConfigError::new(
                     "retry budget values must be finite, non-negative and below 1e12",
                 ));

@@ -246,7 +246,8 @@ mod tests {
 
     #[test]
     fn status_table() {
-        let class = |code: u16, key: bool| classify_status(StatusCode::from_u16(code).unwrap(), key);
+        let class =
+            |code: u16, key: bool| classify_status(StatusCode::from_u16(code).unwrap(), key);
         for code in [100, 200, 201, 204, 301, 304, 399] {
             assert_eq!(class(code, false), Class::Success, "{code}");
         }

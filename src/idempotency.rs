@@ -93,7 +93,11 @@ impl IdempotencyKey {
                 let mut out = String::with_capacity(inner.len());
                 let mut chars = inner.chars();
                 while let Some(c) = chars.next() {
-                    out.push(if c == '\\' { chars.next().unwrap_or(c) } else { c });
+                    out.push(if c == '\\' {
+                        chars.next().unwrap_or(c)
+                    } else {
+                        c
+                    });
                 }
                 out
             }
@@ -199,10 +203,16 @@ mod tests {
     #[test]
     fn idempotent_methods_follow_rfc_9110() {
         for m in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
-            assert!(is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()), "{m}");
+            assert!(
+                is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "{m}"
+            );
         }
         for m in ["POST", "PATCH", "CONNECT", "PURGE"] {
-            assert!(!is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()), "{m}");
+            assert!(
+                !is_idempotent(&Method::from_bytes(m.as_bytes()).unwrap()),
+                "{m}"
+            );
         }
     }
 }

@@ -71,7 +71,9 @@ mod runtime;
 
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
-pub use classify::{classify_error, classify_status, AttemptOutcome, Class, Classifier, DefaultClassifier};
+pub use classify::{
+    classify_error, classify_status, AttemptOutcome, Class, Classifier, DefaultClassifier,
+};
 pub use engine::{retry, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};

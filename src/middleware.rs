@@ -58,7 +58,10 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let options = extensions.get::<RequestOptions>().cloned().unwrap_or_default();
+        let options = extensions
+            .get::<RequestOptions>()
+            .cloned()
+            .unwrap_or_default();
         let key = match self.attach_key(&mut request, &options) {
             Ok(key) => key,
             Err(e) => {
@@ -120,9 +123,7 @@ impl RetryMiddleware {
         let limits = Limits {
             max_attempts: options.max_attempts.unwrap_or(policy.settings.max_attempts),
             deadline: options.deadline.or(policy.settings.deadline),
-            attempt_timeout: options
-                .attempt_timeout
-                .or(policy.settings.attempt_timeout),
+            attempt_timeout: options.attempt_timeout.or(policy.settings.attempt_timeout),
         };
         let caller_timeout = template.timeout().copied();
         let mut run = Run::start(policy, limits);
@@ -240,9 +241,10 @@ impl RetryMiddleware {
             }
             Class::Transient if !cloneable => Verdict::Stop(StopReason::BodyNotCloneable),
             Class::Transient => Verdict::Transient {
-                retry_after: result.as_ref().ok().and_then(|r| {
-                    retry_after::from_headers(r.headers(), policy.clock.wall())
-                }),
+                retry_after: result
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| retry_after::from_headers(r.headers(), policy.clock.wall())),
                 timed_out: failure == Some(TransportFailure::Timeout),
             },
         };

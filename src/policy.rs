@@ -526,7 +526,10 @@ mod tests {
 
     #[test]
     fn clones_share_the_budget() {
-        let a = RetryPolicy::builder().budget(1.0, 0.0, 1.0).build().unwrap();
+        let a = RetryPolicy::builder()
+            .budget(1.0, 0.0, 1.0)
+            .build()
+            .unwrap();
         let b = a.clone();
         assert!(a.budget().unwrap().try_withdraw_retry());
         assert!(!b.budget().unwrap().try_withdraw_retry());

@@ -182,7 +182,10 @@ async fn failed_get(url: String) -> (RetryReport, bool, bool) {
     let (c, _) = client(policy(&clock).attempt_timeout(ms(200)).build().unwrap());
     let err = c.get(url).send().await.unwrap_err();
     let e = RetryError::from_middleware(&err).expect("the error carries a report");
-    assert!(std::error::Error::source(e).is_some(), "the last error is the source");
+    assert!(
+        std::error::Error::source(e).is_some(),
+        "the last error is the source"
+    );
     (e.report().clone(), e.is_timeout(), e.is_connect())
 }
 
@@ -238,7 +241,9 @@ async fn a_redirect_policy_error_is_permanent() {
         .await;
     let clock = ManualClock::new();
     let no_redirects = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::custom(|a| a.error("redirects are refused")))
+        .redirect(reqwest::redirect::Policy::custom(|a| {
+            a.error("redirects are refused")
+        }))
         .build()
         .unwrap();
     let (c, _) = support::client_with(no_redirects, policy(&clock).build().unwrap());

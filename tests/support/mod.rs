@@ -26,7 +26,10 @@ pub fn client(policy: RetryPolicy) -> (ClientWithMiddleware, Recorder) {
 }
 
 /// Like [`client`], over a given reqwest client.
-pub fn client_with(inner: reqwest::Client, policy: RetryPolicy) -> (ClientWithMiddleware, Recorder) {
+pub fn client_with(
+    inner: reqwest::Client,
+    policy: RetryPolicy,
+) -> (ClientWithMiddleware, Recorder) {
     let recorder = Recorder::default();
     let client = ClientBuilder::new(inner)
         .with(RetryMiddleware::new(policy))
@@ -56,11 +59,7 @@ impl Recorder {
     pub fn header_values(&self, name: &str) -> Vec<Option<String>> {
         self.sent()
             .iter()
-            .map(|s| {
-                s.headers
-                    .get(name)
-                    .map(|v| v.to_str().unwrap().to_owned())
-            })
+            .map(|s| s.headers.get(name).map(|v| v.to_str().unwrap().to_owned()))
             .collect()
     }
 
@@ -166,4 +165,29 @@ pub async fn refused_addr() -> SocketAddr {
 /// Milliseconds.
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// A server that answers each request with the next of `responses` (raw
+/// HTTP/1.1, written as given: no `Date` header unless it is in the text),
+/// repeating the last one, and closes the connection.
+pub async fn scripted_server(responses: Vec<String>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let n = served.fetch_add(1, Ordering::SeqCst);
+            let response = responses[n.min(responses.len() - 1)].clone();
+            tokio::spawn(async move {
+                if read_head(&mut socket).await {
+                    let _ = socket.write_all(response.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
 }

@@ -1,0 +1,64 @@
+//! The public types are what a library's users need: Send, Sync, Debug,
+//! object-safe extension points.
+
+use reqwest_safe_retry::*;
+
+fn send_sync<T: Send + Sync + 'static>() {}
+fn debug<T: std::fmt::Debug>() {}
+
+#[test]
+fn public_types_are_send_sync_and_debug() {
+    send_sync::<RetryMiddleware>();
+    send_sync::<RetryPolicy>();
+    send_sync::<RetryReport>();
+    send_sync::<RetryError>();
+    send_sync::<ConfigError>();
+    send_sync::<KeyError>();
+    send_sync::<RetryBudget>();
+    send_sync::<RequestOptions>();
+    send_sync::<ManualClock>();
+    debug::<RetryMiddleware>();
+    debug::<RetryPolicyBuilder>();
+    debug::<RequestOptions>();
+    debug::<MetricsSnapshot>();
+    debug::<Backoff>();
+}
+
+#[test]
+fn extension_points_are_object_safe() {
+    let _: Option<Box<dyn Classifier>> = None;
+    let _: Option<Box<dyn Sleeper>> = None;
+    let _: Option<Box<dyn Clock>> = None;
+}
+
+#[test]
+fn errors_are_std_errors_with_lowercase_messages() {
+    fn std_error<E: std::error::Error + Send + Sync + 'static>() {}
+    std_error::<RetryError>();
+    std_error::<ConfigError>();
+    std_error::<KeyError>();
+    let e = IdempotencyKey::new("").unwrap_err().to_string();
+    assert_eq!(e, "invalid idempotency key: the key is empty");
+}
+
+#[test]
+fn stop_reasons_have_the_snake_case_names_of_the_contract() {
+    let names = [
+        (StopReason::Success, "success"),
+        (StopReason::Permanent, "permanent"),
+        (StopReason::AttemptsExhausted, "attempts_exhausted"),
+        (StopReason::Deadline, "deadline"),
+        (StopReason::BudgetExhausted, "budget_exhausted"),
+        (StopReason::RetryAfterTooLong, "retry_after_too_long"),
+        (StopReason::NotIdempotent, "not_idempotent"),
+        (StopReason::BodyNotCloneable, "body_not_cloneable"),
+        (StopReason::ServerSaidNo, "server_said_no"),
+    ];
+    for (reason, name) in names {
+        assert_eq!(reason.as_str(), name);
+        assert_eq!(
+            serde_json::to_string(&reason).unwrap(),
+            format!("\"{name}\"")
+        );
+    }
+}

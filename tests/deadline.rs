@@ -1,0 +1,147 @@
+//! The deadline: no sleep crosses it, and each attempt's timeout is
+//! min(configured, time left).
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{Jitter, ManualClock, RequestOptions, RetryReport, StopReason};
+use support::{client, ms, policy};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+async fn always_503() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(503).set_body_string("down"))
+        .mount(&server)
+        .await;
+    server
+}
+
+#[tokio::test]
+async fn no_sleep_crosses_the_deadline() {
+    let server = always_503().await;
+    for seed in 0..20 {
+        let clock = ManualClock::new();
+        let p = policy(&clock)
+            .seed(seed)
+            .max_attempts(100)
+            .backoff(ms(100), ms(800))
+            .deadline(Duration::from_secs(2))
+            .min_attempt_window(ms(50))
+            .no_budget()
+            .build()
+            .unwrap();
+        let (c, _) = client(p);
+        let response = c.get(server.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 503, "the last response, unchanged");
+        let report = response.extensions().get::<RetryReport>().unwrap().clone();
+        assert_eq!(report.stop_reason(), StopReason::Deadline);
+        assert_eq!(response.text().await.unwrap(), "down");
+        // Every sleep ended with at least the attempt window left.
+        assert!(
+            clock.elapsed() + ms(50) <= Duration::from_secs(2),
+            "seed {seed}"
+        );
+        assert_eq!(report.delays(), clock.sleeps());
+    }
+}
+
+#[tokio::test]
+async fn the_attempt_timeout_is_the_smaller_of_configured_and_time_left() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(100)
+        .backoff(ms(200), ms(200))
+        .jitter(Jitter::None)
+        .attempt_timeout(ms(500))
+        .deadline(ms(1000))
+        .min_attempt_window(ms(100))
+        .build()
+        .unwrap();
+    let (c, recorder) = client(p);
+    let response = c.get(server.uri()).send().await.unwrap();
+    let timeouts: Vec<_> = recorder
+        .timeouts()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert_eq!(timeouts, [ms(500), ms(500), ms(500), ms(400), ms(200)]);
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+}
+
+#[tokio::test]
+async fn a_callers_own_request_timeout_is_kept_when_shorter() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).deadline(ms(1000)).build().unwrap());
+    c.get(server.uri()).timeout(ms(150)).send().await.unwrap();
+    assert!(recorder.timeouts().iter().all(|t| *t == Some(ms(150))));
+}
+
+#[tokio::test]
+async fn a_request_can_set_its_own_deadline_and_attempts() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(
+        policy(&clock)
+            .deadline(Duration::from_secs(30))
+            .build()
+            .unwrap(),
+    );
+    c.get(server.uri())
+        .with_extension(RequestOptions::new().deadline(ms(300)).max_attempts(10))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(recorder.timeouts()[0], Some(ms(300)));
+    assert!(clock.elapsed() <= ms(300));
+    let before = recorder.sent().len();
+    let response = c
+        .get(server.uri())
+        .with_extension(RequestOptions::new().max_attempts(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(recorder.sent().len(), before + 1);
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
+}
+
+#[tokio::test]
+async fn the_time_left_and_attempt_number_can_be_sent_downstream() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .backoff(ms(250), ms(250))
+        .jitter(Jitter::None)
+        .deadline(ms(1000))
+        .deadline_header("x-deadline-ms")
+        .attempt_count_header("x-attempt-count")
+        .build()
+        .unwrap();
+    let (c, _) = client(p);
+    c.get(server.uri()).send().await.unwrap();
+    let received = server.received_requests().await.unwrap();
+    let header = |name: &str| -> Vec<String> {
+        received
+            .iter()
+            .map(|r| r.headers.get(name).unwrap().to_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(header("x-deadline-ms"), ["1000", "750", "500"]);
+    assert_eq!(header("x-attempt-count"), ["1", "2", "3"]);
+}
+
+#[tokio::test]
+async fn neither_header_is_sent_by_default() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).build().unwrap());
+    c.get(server.uri()).send().await.unwrap();
+    for sent in recorder.sent() {
+        assert_eq!(sent.headers.len(), 0, "{:?}", sent.headers);
+    }
+}

@@ -1,0 +1,164 @@
+//! The generic engine: the same policy, budget and deadline over any async
+//! operation.
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn policy(clock: &ManualClock) -> reqwest_safe_retry::RetryPolicyBuilder {
+    RetryPolicy::builder().manual_clock(clock).seed(3)
+}
+
+#[tokio::test]
+async fn retries_until_success_and_reports_each_delay() {
+    let clock = ManualClock::new();
+    let p = policy(&clock).max_attempts(5).build().unwrap();
+    let mut seen = Vec::new();
+    let (value, report) = retry(&p, |ctx| {
+        seen.push(ctx.attempt());
+        async move {
+            if ctx.attempt() < 4 {
+                Outcome::transient("refused")
+            } else {
+                Outcome::success("connected")
+            }
+        }
+    })
+    .await;
+    assert_eq!(value, "connected");
+    assert_eq!(seen, [1, 2, 3, 4]);
+    assert_eq!(report.attempts(), 4);
+    assert_eq!(report.delays(), clock.sleeps());
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!(report.idempotency_key(), None);
+}
+
+#[tokio::test]
+async fn a_permanent_outcome_stops_at_once() {
+    let clock = ManualClock::new();
+    let p = policy(&clock).build().unwrap();
+    let (value, report) = retry(&p, |_| async {
+        Outcome::permanent(Err::<(), _>("bad password"))
+    })
+    .await;
+    assert_eq!(value, Err("bad password"));
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::Permanent);
+    assert!(clock.sleeps().is_empty());
+}
+
+#[tokio::test]
+async fn a_server_hint_is_a_floor() {
+    let clock = ManualClock::new();
+    let p = policy(&clock).backoff(ms(1), ms(1)).build().unwrap();
+    let (_, report) = retry(&p, |ctx| async move {
+        if ctx.attempt() == 1 {
+            Outcome::transient(()).with_retry_after(Duration::from_secs(2))
+        } else {
+            Outcome::success(())
+        }
+    })
+    .await;
+    let slept = report.delays()[0];
+    assert!(
+        slept >= Duration::from_secs(2) && slept <= ms(2400),
+        "{slept:?}"
+    );
+    assert_eq!(report.retry_after_honoured(), 1);
+}
+
+#[tokio::test]
+async fn the_context_tells_each_attempt_its_timeout() {
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(10)
+        .backoff(ms(300), ms(300))
+        .jitter(Jitter::None)
+        .deadline(ms(1000))
+        .attempt_timeout(ms(600))
+        .min_attempt_window(ms(50))
+        .build()
+        .unwrap();
+    let mut timeouts = Vec::new();
+    let (_, report) = retry(&p, |ctx| {
+        timeouts.push((ctx.timeout(), ctx.time_left()));
+        async { Outcome::transient(()) }
+    })
+    .await;
+    assert_eq!(
+        timeouts,
+        [
+            (Some(ms(600)), Some(ms(1000))),
+            (Some(ms(600)), Some(ms(700))),
+            (Some(ms(400)), Some(ms(400))),
+            (Some(ms(100)), Some(ms(100))),
+        ]
+    );
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+}
+
+#[tokio::test]
+async fn timeouts_can_cost_more_budget() {
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(10)
+        .budget_with_timeout_cost(10.0, 0.0, 1.0, 5.0)
+        .build()
+        .unwrap();
+    let (_, report) = retry(&p, |_| async { Outcome::transient(()).timed_out() }).await;
+    // 10 tokens buy two retries after a timeout.
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(report.stop_reason(), StopReason::BudgetExhausted);
+}
+
+#[tokio::test]
+async fn the_grpc_preset_reconnects_with_growing_jittered_delays() {
+    let clock = ManualClock::new();
+    let p = RetryPolicy::grpc_connection_backoff()
+        .manual_clock(&clock)
+        .seed(1)
+        .build()
+        .unwrap();
+    let (_, report) = retry(&p, |ctx| async move {
+        if ctx.attempt() <= 12 {
+            Outcome::transient(())
+        } else {
+            Outcome::success(())
+        }
+    })
+    .await;
+    assert_eq!(report.attempts(), 13);
+    for (n, d) in report.delays().iter().enumerate() {
+        let ceiling = (1.6f64.powi(n as i32)).min(120.0);
+        let secs = d.as_secs_f64();
+        assert!(
+            secs >= ceiling * 0.8 - 1e-9 && secs <= ceiling * 1.2 + 1e-9,
+            "retry {n}: {secs}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_default_sleeper_uses_tokio_time() {
+    // Paused tokio time: no socket is involved, so the clock auto-advances.
+    let p = RetryPolicy::builder()
+        .backoff(Duration::from_secs(5), Duration::from_secs(5))
+        .jitter(Jitter::None)
+        .build()
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let (_, report) = retry(&p, |ctx| async move {
+        if ctx.attempt() == 1 {
+            Outcome::transient(())
+        } else {
+            Outcome::success(())
+        }
+    })
+    .await;
+    assert_eq!(report.delays(), [Duration::from_secs(5)]);
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+}
