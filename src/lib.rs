@@ -69,6 +69,11 @@ mod report;
 pub mod retry_after;
 mod runtime;
 
+/// The README's examples compile as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
 pub use classify::{
