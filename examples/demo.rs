@@ -69,8 +69,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
 
     println!(
-        "{:<55} {:>6} {:>8} {:<17} {:<38} {}",
-        "call", "status", "attempts", "delays (ms)", "idempotency key", "stopped"
+        "{:<55} {:>6} {:>8} {:<17} {:<38} stopped",
+        "call", "status", "attempts", "delays (ms)", "idempotency key"
     );
     for (name, request) in calls {
         let (status, report) = match request.send().await {
