@@ -1,0 +1,90 @@
+//! PostgreSQL: a handler completes its key inside its own transaction.
+mod support;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post as post_route;
+use axum::{Extension, Router};
+use support::{post, send, Harness};
+use tower_idempotency::{IdempotencyContext, PostgresStore, StoredResponse};
+
+#[derive(Clone)]
+struct AppState {
+    store: PostgresStore,
+    table: Arc<String>,
+}
+
+async fn create(
+    State(state): State<AppState>,
+    Extension(ctx): Extension<IdempotencyContext>,
+    body: String,
+) -> (StatusCode, String) {
+    let mut tx = state.store.pool().begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let stored = StoredResponse::json(201, format!("{{\"stored\":\"in-tx\",\"note\":{body:?}}}"));
+    assert!(state
+        .store
+        .complete_in_tx(&mut tx, &ctx, &stored)
+        .await
+        .unwrap());
+    if body == "rollback" {
+        tx.rollback().await.unwrap();
+        return (StatusCode::SERVICE_UNAVAILABLE, "rolled back".into());
+    }
+    tx.commit().await.unwrap();
+    // Returned body differs from the stored one, to prove the layer did not
+    // store the response a second time.
+    (StatusCode::CREATED, "from-handler".into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_completes_key_in_its_transaction() {
+    let h = Harness::postgres().await;
+    let store = h.pg.clone().unwrap();
+    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let state = AppState {
+        store: store.clone(),
+        table: Arc::new(table.clone()),
+    };
+    let router = Router::new()
+        .route("/payments", post_route(create))
+        .with_state(state)
+        .layer(h.layer());
+
+    let first = send(&router, post("k", "pay")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body, "from-handler");
+    let replay = send(&router, post("k", "pay")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.headers["content-type"], "application/json");
+    assert_eq!(replay.json()["stored"], "in-tx");
+
+    // A rolled-back transaction leaves neither effect nor stored response,
+    // and the transient answer releases the key.
+    let rolled = send(&router, post("r", "rollback")).await;
+    assert_eq!(rolled.status, 503);
+    let rolled_again = send(&router, post("r", "rollback")).await;
+    assert!(!rolled_again.replayed());
+
+    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(count, 1, "exactly one effect committed");
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+}

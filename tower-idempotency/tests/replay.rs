@@ -1,0 +1,40 @@
+//! A completed key with the same fingerprint replays the stored response.
+mod support;
+use support::{app, post, req, send, Harness};
+
+both_stores!(replay_is_identical, replay_keeps_non_2xx_final_responses);
+
+async fn replay_is_identical(h: Harness) {
+    let (router, state) = app(h.layer());
+    let first = send(&router, post("pay-1", r#"{"amount":10}"#)).await;
+    assert_eq!(first.status, 201);
+    for _ in 0..3 {
+        let again = send(&router, post("pay-1", r#"{"amount":10}"#)).await;
+        assert_eq!(again.status, first.status);
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.headers["content-type"], "application/json");
+        assert_eq!(again.headers["idempotent-replayed"], "true");
+        // Only the configured headers (content-type) are stored.
+        assert!(again.headers.get("x-extra").is_none());
+    }
+    assert_eq!(state.runs(), 1, "{}", h.name);
+}
+
+async fn replay_keeps_non_2xx_final_responses(h: Harness) {
+    // A 4xx other than 429 is a final answer: stored and replayed.
+    let (router, state) = app(h.layer());
+    let make = || {
+        req(
+            "POST",
+            "/payments",
+            Some("bad-1"),
+            "x",
+            &[("x-status", "400")],
+        )
+    };
+    assert_eq!(send(&router, make()).await.status, 400);
+    let again = send(&router, make()).await;
+    assert_eq!(again.status, 400);
+    assert!(again.replayed());
+    assert_eq!(state.runs(), 1);
+}

@@ -1,0 +1,156 @@
+//! The `IdempotencyStore` contract, checked directly against both stores.
+mod support;
+use std::time::Duration;
+use support::Harness;
+use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoredResponse};
+
+both_stores!(
+    claim_complete_replay,
+    release_and_reclaim,
+    lock_timeout_takeover,
+    expiry
+);
+
+const A: Fingerprint = Fingerprint([1; 32]);
+const B: Fingerprint = Fingerprint([2; 32]);
+
+fn claim_req<'a>(scope: &'a str, key: &'a str, fingerprint: Fingerprint) -> ClaimRequest<'a> {
+    ClaimRequest {
+        scope,
+        key,
+        fingerprint,
+        lock_timeout: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    }
+}
+
+async fn claimed(h: &Harness, key: &str, fp: Fingerprint) -> LeaseToken {
+    match h.store.claim(claim_req(&h.scope, key, fp)).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("{}: expected Claimed, got {other:?}", h.name),
+    }
+}
+
+fn response() -> StoredResponse {
+    StoredResponse::new(
+        201,
+        vec![
+            ("content-type".into(), "application/json".into()),
+            ("x-a".into(), "1".into()),
+        ],
+        &b"{\"id\":1}\x00\xff"[..],
+    )
+}
+
+async fn claim_complete_replay(h: Harness) {
+    let s = h.scope.as_str();
+    let lease = claimed(&h, "k", A).await;
+    let state = h.store.claim(claim_req(s, "k", A)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::InProgress {
+            fingerprint_matches: true
+        }
+    );
+    let state = h.store.claim(claim_req(s, "k", B)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::InProgress {
+            fingerprint_matches: false
+        }
+    );
+    // Only the lease holder may complete.
+    assert!(!h
+        .store
+        .complete(s, "k", LeaseToken::new_random(), &response())
+        .await
+        .unwrap());
+    assert!(h.store.complete(s, "k", lease, &response()).await.unwrap());
+    assert!(
+        !h.store.complete(s, "k", lease, &response()).await.unwrap(),
+        "completes twice"
+    );
+    let state = h.store.claim(claim_req(s, "k", A)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::Completed {
+            response: response(),
+            fingerprint_matches: true
+        }
+    );
+    let state = h.store.claim(claim_req(s, "k", B)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::Completed {
+            response: response(),
+            fingerprint_matches: false
+        }
+    );
+    // A completed key cannot be released.
+    assert!(!h.store.release(s, "k", lease).await.unwrap());
+    // Another scope is another namespace.
+    let other = format!("{s}-other");
+    assert!(matches!(
+        h.store.claim(claim_req(&other, "k", B)).await.unwrap(),
+        ClaimOutcome::Claimed(_)
+    ));
+}
+
+async fn release_and_reclaim(h: Harness) {
+    let s = h.scope.as_str();
+    let lease = claimed(&h, "k", A).await;
+    assert!(!h
+        .store
+        .release(s, "k", LeaseToken::new_random())
+        .await
+        .unwrap());
+    assert!(h.store.release(s, "k", lease).await.unwrap());
+    assert!(!h.store.release(s, "k", lease).await.unwrap());
+    // Free again, for any fingerprint.
+    let lease2 = claimed(&h, "k", B).await;
+    assert_ne!(lease, lease2);
+    assert!(!h.store.complete(s, "k", lease, &response()).await.unwrap());
+}
+
+async fn lock_timeout_takeover(h: Harness) {
+    let s = h.scope.as_str();
+    let stale = claimed(&h, "k", A).await;
+    h.clock.advance(Duration::from_secs(29));
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    h.clock.advance(Duration::from_secs(1));
+    // Different fingerprint never takes over.
+    assert_eq!(
+        h.store.claim(claim_req(s, "k", B)).await.unwrap(),
+        ClaimOutcome::InProgress {
+            fingerprint_matches: false
+        }
+    );
+    let fresh = claimed(&h, "k", A).await;
+    assert_ne!(stale, fresh);
+    // The stale owner lost its lease.
+    assert!(!h.store.complete(s, "k", stale, &response()).await.unwrap());
+    assert!(!h.store.release(s, "k", stale).await.unwrap());
+    // The new lock is fresh: no immediate second takeover.
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    assert!(h.store.complete(s, "k", fresh, &response()).await.unwrap());
+}
+
+async fn expiry(h: Harness) {
+    let s = h.scope.as_str();
+    let lease = claimed(&h, "k", A).await;
+    assert!(h.store.complete(s, "k", lease, &response()).await.unwrap());
+    h.clock.advance(Duration::from_secs(3599));
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", B)).await.unwrap(),
+        ClaimOutcome::Completed { .. }
+    ));
+    h.clock.advance(Duration::from_secs(1));
+    // Expired: claimable again, with any fingerprint.
+    claimed(&h, "k", B).await;
+}
