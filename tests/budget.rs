@@ -4,19 +4,9 @@ mod support;
 
 use reqwest_safe_retry::{ManualClock, RetryPolicy, RetryReport, StopReason};
 use support::{client, policy};
-use wiremock::{Mock, MockServer, ResponseTemplate};
-
-async fn answering(status: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(status))
-        .mount(&server)
-        .await;
-    server
-}
 
 async fn outage(policy: RetryPolicy, operations: usize) -> (usize, Vec<StopReason>) {
-    let server = answering(503).await;
+    let server = support::answering(503).await;
     let (c, _) = client(policy);
     let calls = (0..operations).map(|_| {
         let c = c.clone();
@@ -80,8 +70,8 @@ async fn a_full_outage_spends_no_more_than_the_budget_allows() {
 
 #[tokio::test]
 async fn successes_refill_the_budget() {
-    let failing = answering(503).await;
-    let healthy = answering(200).await;
+    let failing = support::answering(503).await;
+    let healthy = support::answering(200).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
         .max_attempts(3)
@@ -114,7 +104,7 @@ async fn successes_refill_the_budget() {
 
 #[tokio::test]
 async fn clones_of_the_client_share_one_budget() {
-    let failing = answering(503).await;
+    let failing = support::answering(503).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
         .max_attempts(2)

@@ -10,17 +10,8 @@ use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-async fn server_answering(status: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(method("GET"))
-        .respond_with(ResponseTemplate::new(status))
-        .mount(&server)
-        .await;
-    server
-}
-
 async fn get_report(status: u16) -> (u16, RetryReport, usize) {
-    let server = server_answering(status).await;
+    let server = support::answering(status).await;
     let clock = ManualClock::new();
     let (client, _) = client(policy(&clock).max_attempts(3).build().unwrap());
     let response = client.get(server.uri()).send().await.unwrap();
@@ -132,7 +123,7 @@ async fn the_verdict_header_name_is_configurable() {
 
 #[tokio::test]
 async fn a_client_classifier_extends_the_table() {
-    let server = server_answering(404).await;
+    let server = support::answering(404).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
         .classifier(|a: &AttemptOutcome<'_>| match a.status() {
@@ -148,14 +139,14 @@ async fn a_client_classifier_extends_the_table() {
     assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
 
     // The table still decides what the classifier has no opinion on.
-    let other = server_answering(400).await;
+    let other = support::answering(400).await;
     c.get(other.uri()).send().await.unwrap();
     assert_eq!(other.received_requests().await.unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn a_request_classifier_wins_over_the_client_one() {
-    let server = server_answering(503).await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
         .classifier(|_: &AttemptOutcome<'_>| Some(Class::Transient))

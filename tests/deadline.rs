@@ -7,15 +7,10 @@ use std::time::Duration;
 
 use reqwest_safe_retry::{Jitter, ManualClock, RequestOptions, RetryReport, StopReason};
 use support::{client, ms, policy};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{MockServer, ResponseTemplate};
 
 async fn always_503() -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(503).set_body_string("down"))
-        .mount(&server)
-        .await;
-    server
+    support::answering_with(ResponseTemplate::new(503).set_body_string("down")).await
 }
 
 #[tokio::test]

@@ -8,16 +8,7 @@ use reqwest_safe_retry::{
     IdempotencyKey, KeyFormat, KeyGenerator, ManualClock, RequestOptions, RetryError, RetryReport,
 };
 use support::{client, policy};
-use wiremock::{Mock, MockServer, ResponseTemplate};
-
-async fn always(status: u16) -> MockServer {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(status))
-        .mount(&server)
-        .await;
-    server
-}
+use wiremock::MockServer;
 
 async fn keys_received(server: &MockServer) -> Vec<Option<String>> {
     server
@@ -35,7 +26,7 @@ async fn keys_received(server: &MockServer) -> Vec<Option<String>> {
 
 #[tokio::test]
 async fn every_attempt_carries_the_same_key_and_the_report_names_it() {
-    let server = always(503).await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).max_attempts(4).build().unwrap());
     let response = c.post(server.uri()).body("{}").send().await.unwrap();
@@ -50,7 +41,7 @@ async fn every_attempt_carries_the_same_key_and_the_report_names_it() {
 
 #[tokio::test]
 async fn distinct_logical_operations_get_distinct_keys() {
-    let server = always(201).await;
+    let server = support::answering(201).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     for _ in 0..20 {
@@ -67,7 +58,7 @@ async fn distinct_logical_operations_get_distinct_keys() {
 
 #[tokio::test]
 async fn no_key_on_idempotent_methods_by_default() {
-    let server = always(200).await;
+    let server = support::answering(200).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     c.get(server.uri()).send().await.unwrap();
@@ -81,7 +72,7 @@ async fn no_key_on_idempotent_methods_by_default() {
 
 #[tokio::test]
 async fn the_method_set_and_header_name_are_configurable() {
-    let server = always(200).await;
+    let server = support::answering(200).await;
     let clock = ManualClock::new();
     let (c, _) = client(
         policy(&clock)
@@ -100,7 +91,7 @@ async fn the_method_set_and_header_name_are_configurable() {
 
 #[tokio::test]
 async fn a_key_the_caller_set_is_kept() {
-    let server = always(503).await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     let response = c
@@ -120,7 +111,7 @@ async fn a_key_the_caller_set_is_kept() {
 
 #[tokio::test]
 async fn a_key_passed_through_extensions_is_used_on_every_attempt() {
-    let server = always(503).await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     c.post(server.uri())
@@ -139,7 +130,7 @@ async fn a_key_passed_through_extensions_is_used_on_every_attempt() {
 
 #[tokio::test]
 async fn an_invalid_key_is_refused_before_anything_is_sent() {
-    let server = always(200).await;
+    let server = support::answering(200).await;
     let clock = ManualClock::new();
     let (c, recorder) = client(policy(&clock).build().unwrap());
     for bad in ["k".repeat(256), "two words".to_owned(), String::new()] {
@@ -165,7 +156,7 @@ async fn an_invalid_key_is_refused_before_anything_is_sent() {
 
 #[tokio::test]
 async fn opting_out_attaches_no_key_and_v7_keys_are_time_ordered() {
-    let server = always(200).await;
+    let server = support::answering(200).await;
     let clock = ManualClock::new();
     let (c, _) = client(
         policy(&clock)

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
 use reqwest_safe_retry::{Backoff, Jitter, ManualClock};
 use support::{client, ms, policy};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::MockServer;
 
 fn jitter() -> impl Strategy<Value = Jitter> {
     prop_oneof![
@@ -113,11 +113,7 @@ async fn seeded_run(seed: u64, server: &MockServer) -> Vec<Duration> {
 
 #[tokio::test]
 async fn a_seeded_run_is_reproducible() {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::answering(503).await;
     let a = seeded_run(42, &server).await;
     let b = seeded_run(42, &server).await;
     let c = seeded_run(43, &server).await;

@@ -6,7 +6,6 @@ use std::sync::atomic::Ordering;
 
 use reqwest_safe_retry::{ManualClock, RequestOptions, RetryError, RetryReport, StopReason};
 use support::{client, faulty_server, policy, refused_addr, Fault};
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 fn unkeyed() -> RequestOptions {
     RequestOptions::new().no_idempotency_key()
@@ -14,11 +13,7 @@ fn unkeyed() -> RequestOptions {
 
 #[tokio::test]
 async fn an_unkeyed_post_is_not_retried_after_a_5xx() {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     let response = c
@@ -124,11 +119,7 @@ async fn idempotent_methods_are_retried_without_a_key() {
 
 #[tokio::test]
 async fn a_streaming_body_is_sent_once_and_the_report_says_why() {
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     let chunks: Vec<Result<&'static [u8], std::io::Error>> =

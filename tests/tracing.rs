@@ -13,7 +13,6 @@ use support::{client, policy};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
-use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[derive(Clone, Default)]
 struct Events(Arc<Mutex<Vec<EventFields>>>);
@@ -46,11 +45,7 @@ async fn one_event_per_attempt_with_the_resend_count() {
     let subscriber = tracing_subscriber::registry().with(events.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let server = MockServer::start().await;
-    Mock::given(wiremock::matchers::any())
-        .respond_with(ResponseTemplate::new(503))
-        .mount(&server)
-        .await;
+    let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
     let response = c.get(server.uri()).send().await.unwrap();

@@ -12,6 +12,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy, RetryPolicyBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// A policy builder with a manual clock (sleeps are recorded, never slept) and
 /// a fixed seed.
@@ -190,4 +191,19 @@ pub async fn scripted_server(responses: Vec<String>) -> SocketAddr {
         }
     });
     addr
+}
+
+/// A wiremock server that answers every request with `status`.
+pub async fn answering(status: u16) -> MockServer {
+    answering_with(ResponseTemplate::new(status)).await
+}
+
+/// A wiremock server that answers every request with `template`.
+pub async fn answering_with(template: ResponseTemplate) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(template)
+        .mount(&server)
+        .await;
+    server
 }
