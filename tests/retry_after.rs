@@ -8,6 +8,29 @@ use reqwest_safe_retry::{Jitter, ManualClock, RetryPolicy, RetryReport, StopReas
 use support::{client, ms, policy};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+#[test]
+fn every_form_in_the_fixture_parses_or_is_ignored() {
+    let table = include_str!("../fixtures/retry_after.tsv");
+    let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+    // The local clock is far off: only the Date header gives these results.
+    let now = SystemTime::UNIX_EPOCH;
+    let mut rows = 0;
+    for line in table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (value, want) = line.rsplit_once('\t').unwrap();
+        let want = match want {
+            "ignored" => None,
+            secs => Some(Duration::from_secs(secs.parse().unwrap())),
+        };
+        let got = reqwest_safe_retry::retry_after::parse(value, Some(date), now);
+        assert_eq!(got, want, "Retry-After: {value:?}");
+        rows += 1;
+    }
+    assert_eq!(rows, 21);
+}
+
 /// A server that answers 503 with these headers once, then 200.
 async fn hinting(headers: &[(&str, String)]) -> MockServer {
     let server = MockServer::start().await;
