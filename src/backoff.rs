@@ -195,10 +195,7 @@ impl Backoff {
                 let upper = prev.max(self.base).saturating_mul(3).min(self.cap);
                 uniform(rng, self.base, upper)
             }
-            Jitter::Proportional(f) => {
-                let factor = 1.0 - f + 2.0 * f * rng.random::<f64>();
-                Duration::try_from_secs_f64(ceiling.as_secs_f64() * factor).unwrap_or(ceiling)
-            }
+            Jitter::Proportional(f) => scale(ceiling, 1.0 - f + 2.0 * f * rng.random::<f64>()),
         }
     }
 
@@ -214,9 +211,15 @@ impl Backoff {
                 let upper = prev.max(self.base).saturating_mul(3).min(self.cap);
                 (self.base.min(upper), upper)
             }
-            Jitter::Proportional(f) => (ceiling.mul_f64(1.0 - f), ceiling.mul_f64(1.0 + f)),
+            Jitter::Proportional(f) => (scale(ceiling, 1.0 - f), scale(ceiling, 1.0 + f)),
         }
     }
+}
+
+/// `d × factor` for a non-negative factor, saturating at `Duration::MAX`
+/// instead of panicking as `Duration::mul_f64` does.
+fn scale(d: Duration, factor: f64) -> Duration {
+    Duration::try_from_secs_f64(d.as_secs_f64() * factor).unwrap_or(Duration::MAX)
 }
 
 /// A uniform draw from `[low, high]` at nanosecond resolution.
@@ -254,9 +257,21 @@ mod tests {
         let b = Backoff::from_parts(ms(1), Duration::MAX, 1e300, Jitter::Full).unwrap();
         assert_eq!(b.ceiling(10_000), Duration::MAX);
         let mut rng = StdRng::seed_from_u64(1);
-        assert!(b.delay(10_000, b.base(), &mut rng) <= Duration::MAX);
-        let d = Backoff::from_parts(ms(1), Duration::MAX, 2.0, Jitter::Decorrelated).unwrap();
-        assert!(d.delay(5, Duration::MAX, &mut rng) >= ms(1));
+        for jitter in [
+            Jitter::None,
+            Jitter::Full,
+            Jitter::Equal,
+            Jitter::Decorrelated,
+            Jitter::Proportional(0.2),
+        ] {
+            let b = b.with_jitter(jitter);
+            let (low, high) = b.bounds(10_000, Duration::MAX);
+            let d = b.delay(10_000, Duration::MAX, &mut rng);
+            assert!(
+                low <= d && d <= high,
+                "{jitter:?}: {d:?} outside [{low:?}, {high:?}]"
+            );
+        }
     }
 
     #[test]

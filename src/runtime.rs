@@ -66,6 +66,10 @@ impl Clock for SystemClock {
     }
 }
 
+/// The farthest a [`ManualClock`] moves: about 31 years, so that `now()` and
+/// `wall()` can never overflow however long the sleeps asked of it.
+const MANUAL_HORIZON: Duration = Duration::from_secs(1_000_000_000);
+
 /// A clock that only moves when told to, and a sleeper that moves it: each
 /// `sleep(d)` returns at once, advances the clock by `d` and is recorded.
 ///
@@ -101,10 +105,11 @@ impl ManualClock {
         }
     }
 
-    /// Moves the clock forward without recording a sleep.
+    /// Moves the clock forward without recording a sleep (at most about 31
+    /// years in all).
     pub fn advance(&self, by: Duration) {
         let mut state = lock(&self.inner);
-        state.offset = state.offset.saturating_add(by);
+        state.offset = state.offset.saturating_add(by).min(MANUAL_HORIZON);
     }
 
     /// Every sleep taken so far, in order.
@@ -137,12 +142,21 @@ impl fmt::Debug for ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
         let state = lock(&self.inner);
-        state.origin + state.offset
+        // The offset is capped at MANUAL_HORIZON; the fallback is unreachable
+        // on any platform whose Instant spans 31 years.
+        state
+            .origin
+            .checked_add(state.offset)
+            .unwrap_or(state.origin)
     }
 
     fn wall(&self) -> SystemTime {
         let state = lock(&self.inner);
-        state.wall_origin + state.offset
+        // A wall-clock origin near the end of time stops there.
+        state
+            .wall_origin
+            .checked_add(state.offset)
+            .unwrap_or(state.wall_origin)
     }
 }
 
@@ -150,7 +164,7 @@ impl Sleeper for ManualClock {
     fn sleep(&self, duration: Duration) -> BoxFuture<()> {
         {
             let mut state = lock(&self.inner);
-            state.offset = state.offset.saturating_add(duration);
+            state.offset = state.offset.saturating_add(duration).min(MANUAL_HORIZON);
             state.sleeps.push(duration);
         }
         Box::pin(std::future::ready(()))
@@ -161,4 +175,28 @@ impl Sleeper for ManualClock {
 /// state guarded here stays consistent after every statement.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manual_clock_never_overflows() {
+        let clock =
+            ManualClock::with_wall(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::MAX / 2));
+        let start = clock.now();
+        clock.advance(Duration::MAX);
+        block_on(clock.sleep(Duration::MAX));
+        assert_eq!(clock.now() - start, MANUAL_HORIZON);
+        let _ = clock.wall();
+        assert_eq!(clock.sleeps(), [Duration::MAX]);
+    }
+
+    fn block_on(f: BoxFuture<()>) {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
 }
