@@ -172,7 +172,7 @@ pub(crate) fn transport_failure(error: &reqwest_middleware::Error) -> TransportF
         // Another middleware's error: we cannot know what it means.
         return TransportFailure::Other;
     };
-    if e.is_builder() || e.is_redirect() || e.is_decode() {
+    if e.is_builder() || e.is_redirect() || e.is_decode() || e.is_body() {
         return TransportFailure::Other;
     }
     if e.is_connect() || source_chain_has(e, |k| k == io::ErrorKind::ConnectionRefused) {

@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::classify::{
     self, server_verdict, AttemptOutcome, Class, Classifier, DefaultClassifier, TransportFailure,
 };
-use crate::engine::{AttemptContext, Limits, Run, Step, Verdict};
+use crate::engine::{trace_attempt, AttemptContext, Limits, Run, Step, Verdict};
 use crate::error::{KeyError, RetryError};
 use crate::idempotency::{is_idempotent, IdempotencyKey};
 use crate::options::{KeyChoice, RequestOptions};
@@ -73,7 +73,8 @@ impl Middleware for RetryMiddleware {
         let span = tracing::info_span!(
             "retry",
             http.request.method = %request.method(),
-            url.full = %request.url(),
+            server.address = request.url().host_str().unwrap_or_default(),
+            url.path = request.url().path(),
             idempotency_key = key.as_ref().map(IdempotencyKey::as_str),
             http.request.resend_count = tracing::field::Empty,
             stop_reason = tracing::field::Empty,
@@ -152,7 +153,11 @@ impl RetryMiddleware {
                 &result,
             );
             let step = run.decide(verdict);
-            trace_attempt(&ctx, &result, verdict, step);
+            let outcome = match &result {
+                Ok(r) => r.status().as_str().to_owned(),
+                Err(e) => classify::transport_failure(e).name().to_owned(),
+            };
+            trace_attempt(&ctx, &outcome, verdict, step);
             let reason = match (step, spare) {
                 (Step::Retry(delay), Some(spare)) => {
                     run.sleep(delay).await;
@@ -164,9 +169,6 @@ impl RetryMiddleware {
                 (Step::Retry(_), None) => StopReason::BodyNotCloneable,
                 (Step::Stop(reason), _) => reason,
             };
-            let span = tracing::Span::current();
-            span.record("http.request.resend_count", ctx.attempt() - 1);
-            span.record("stop_reason", reason.as_str());
             let report = run.finish(reason);
             return match result {
                 Ok(mut response) => {
@@ -218,8 +220,10 @@ impl RetryMiddleware {
             .iter()
             .chain(policy.classifiers.iter())
             .find_map(|c| c.classify(&attempt));
+        // 1xx–3xx pass through untouched: a verdict header on a success is
+        // not read.
         let verdict_header = match (result, &policy.settings.verdict_header) {
-            (Ok(r), Some(name)) => server_verdict(r.headers(), name),
+            (Ok(r), Some(name)) if r.status().as_u16() >= 400 => server_verdict(r.headers(), name),
             _ => None,
         };
         let class = match (user, verdict_header) {
@@ -252,32 +256,7 @@ impl RetryMiddleware {
     }
 }
 
-/// One event per attempt: number, status or error kind, class, delay, reason.
-fn trace_attempt(
-    ctx: &AttemptContext,
-    result: &reqwest_middleware::Result<Response>,
-    verdict: Verdict,
-    step: Step,
-) {
-    let outcome = match result {
-        Ok(r) => r.status().as_str().to_owned(),
-        Err(e) => classify::transport_failure(e).name().to_owned(),
-    };
-    let (delay_ms, stop_reason) = match step {
-        Step::Retry(d) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
-        Step::Stop(r) => (0, r.as_str()),
-    };
-    tracing::info!(
-        attempt = ctx.attempt(),
-        http.request.resend_count = ctx.attempt() - 1,
-        outcome = %outcome,
-        class = verdict.name(),
-        delay_ms,
-        stop_reason,
-        "attempt finished"
-    );
-}
-
+/// The error for a request refused before anything was sent.
 fn refused(report: RetryReport, error: KeyError) -> reqwest_middleware::Error {
     reqwest_middleware::Error::Middleware(anyhow::Error::new(RetryError::new(
         report,

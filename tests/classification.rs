@@ -103,6 +103,22 @@ async fn server_verdict_wins_over_the_table() {
 }
 
 #[tokio::test]
+async fn a_verdict_header_on_a_success_is_not_read() {
+    let clock = ManualClock::new();
+    let (c, _) = client(policy(&clock).build().unwrap());
+    for (status, verdict) in [(200, "false"), (201, "true")] {
+        let server = support::answering_with(
+            ResponseTemplate::new(status).insert_header("Stripe-Should-Retry", verdict),
+        )
+        .await;
+        let response = c.post(server.uri()).body("{}").send().await.unwrap();
+        let report = response.extensions().get::<RetryReport>().unwrap();
+        assert_eq!(report.stop_reason(), StopReason::Success, "{status}");
+        assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    }
+}
+
+#[tokio::test]
 async fn the_verdict_header_name_is_configurable() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))
