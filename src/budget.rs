@@ -46,6 +46,7 @@ pub struct RetryBudget {
 impl RetryBudget {
     /// A full bucket of `capacity` tokens; each first attempt deposits
     /// `deposit`, each retry costs `retry_cost` (timeouts cost the same).
+    /// Tokens are counted in thousandths: values are rounded to 0.001.
     ///
     /// # Errors
     ///
@@ -82,7 +83,9 @@ impl RetryBudget {
         let retry_cost = to_milli(retry_cost)?;
         let timeout_cost = to_milli(timeout_cost)?;
         if retry_cost == 0 || timeout_cost == 0 {
-            return Err(ConfigError::new("a retry must cost more than zero tokens"));
+            return Err(ConfigError::new(
+                "a retry must cost at least 0.001 tokens (tokens are counted in thousandths)",
+            ));
         }
         Ok(RetryBudget {
             balance: AtomicU64::new(capacity),

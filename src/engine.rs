@@ -37,6 +37,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use crate::policy::RetryPolicy;
 use crate::report::{RetryReport, StopReason};
 use crate::retry_after;
@@ -59,12 +61,17 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    pub(crate) fn name(self) -> &'static str {
+    /// What the classifier said, for the per-attempt event: a transient
+    /// outcome that the safety rule stopped is still "transient".
+    pub(crate) fn class_name(self) -> &'static str {
         match self {
             Verdict::Success => "success",
-            Verdict::Transient { .. } => "transient",
-            Verdict::Stop(StopReason::Permanent) => "permanent",
-            Verdict::Stop(_) => "stop",
+            Verdict::Transient { .. }
+            | Verdict::Stop(StopReason::NotIdempotent | StopReason::BodyNotCloneable) => {
+                "transient"
+            }
+            Verdict::Stop(StopReason::Permanent | StopReason::ServerSaidNo) => "permanent",
+            Verdict::Stop(_) => "stopped",
         }
     }
 }
@@ -166,14 +173,50 @@ where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let mut run = Run::start(policy, Limits::from(policy));
-    loop {
-        let outcome = op(run.context()).await;
-        match run.decide(outcome.verdict()) {
-            Step::Stop(reason) => return (outcome.into_value(), run.finish(reason)),
-            Step::Retry(delay) => run.sleep(delay).await,
+    let span = operation_span();
+    async move {
+        let mut run = Run::start(policy, Limits::from(policy));
+        loop {
+            let ctx = run.context();
+            let outcome = op(ctx).await;
+            let step = run.decide(outcome.verdict());
+            trace_attempt(&ctx, "-", outcome.verdict(), step);
+            match step {
+                Step::Stop(reason) => return (outcome.into_value(), run.finish(reason)),
+                Step::Retry(delay) => run.sleep(delay).await,
+            }
         }
     }
+    .instrument(span)
+    .await
+}
+
+/// The span of one logical operation; [`Run::finish`] records the retry
+/// count and the stop reason into it.
+pub(crate) fn operation_span() -> tracing::Span {
+    tracing::info_span!(
+        "retry",
+        http.request.resend_count = tracing::field::Empty,
+        stop_reason = tracing::field::Empty,
+    )
+}
+
+/// One event per attempt: number, status or error kind, class, chosen delay,
+/// and the reason when it is the last.
+pub(crate) fn trace_attempt(ctx: &AttemptContext, outcome: &str, verdict: Verdict, step: Step) {
+    let (delay_ms, stop_reason) = match step {
+        Step::Retry(d) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
+        Step::Stop(r) => (0, r.as_str()),
+    };
+    tracing::info!(
+        attempt = ctx.attempt(),
+        http.request.resend_count = ctx.attempt() - 1,
+        outcome,
+        class = verdict.class_name(),
+        delay_ms,
+        stop_reason,
+        "attempt finished"
+    );
 }
 
 /// The limits of one logical operation: the policy's, or a request's own.
@@ -234,7 +277,17 @@ impl<'p> Run<'p> {
         self.attempt += 1;
         self.report.attempts = self.attempt;
         let time_left = self.time_left();
-        let timeout = match (self.limits.attempt_timeout, time_left) {
+        let settings = &self.policy.settings;
+        // gRPC's rule: at least the floor, and at least the backoff that would
+        // follow this attempt.
+        let floor = settings
+            .min_attempt_timeout
+            .map(|f| f.max(settings.backoff.ceiling(self.attempt - 1)));
+        let configured = match (self.limits.attempt_timeout, floor) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        };
+        let timeout = match (configured, time_left) {
             (Some(a), Some(l)) => Some(a.min(l)),
             (a, l) => a.or(l),
         };
@@ -321,6 +374,9 @@ impl<'p> Run<'p> {
 
     pub(crate) fn finish(mut self, reason: StopReason) -> RetryReport {
         self.report.stop_reason = reason;
+        let span = tracing::Span::current();
+        span.record("http.request.resend_count", self.attempt.saturating_sub(1));
+        span.record("stop_reason", reason.as_str());
         self.policy
             .metrics
             .call_finished(self.attempt, reason == StopReason::Success);

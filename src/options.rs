@@ -70,9 +70,10 @@ impl RequestOptions {
         self
     }
 
-    /// Total time for this logical operation.
+    /// Total time for this logical operation. Zero is ignored (the policy's
+    /// deadline applies).
     pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = Some(deadline);
+        self.deadline = Some(deadline).filter(|d| !d.is_zero());
         self
     }
 
@@ -82,9 +83,10 @@ impl RequestOptions {
         self
     }
 
-    /// Time limit for each attempt of this request.
+    /// Time limit for each attempt of this request. Zero is ignored (the
+    /// policy's attempt timeout applies).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.attempt_timeout = Some(timeout);
+        self.attempt_timeout = Some(timeout).filter(|d| !d.is_zero());
         self
     }
 

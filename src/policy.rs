@@ -60,6 +60,7 @@ pub(crate) struct Settings {
     pub(crate) backoff: Backoff,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) min_attempt_timeout: Option<Duration>,
     pub(crate) min_attempt_window: Duration,
     pub(crate) max_retry_after: Duration,
     pub(crate) key_header: HeaderName,
@@ -78,7 +79,9 @@ impl RetryPolicy {
     }
 
     /// gRPC's connection backoff, for reconnect loops: 1 s initial delay,
-    /// ×1.6, ±20 % jitter, 120 s cap, at least 20 s for each connect attempt,
+    /// ×1.6, ±20 % jitter, 120 s cap, each connect attempt given at least
+    /// max(20 s, the backoff that follows it) (see
+    /// [`RetryPolicyBuilder::min_attempt_timeout`]),
     /// no attempt limit, no deadline and no request budget. Each call of
     /// [`crate::retry`] starts again from the initial delay, as gRPC does
     /// after a successful connection.
@@ -89,8 +92,7 @@ impl RetryPolicy {
             .multiplier(1.6)
             .jitter(Jitter::Proportional(0.2))
             .no_deadline()
-            .attempt_timeout(Duration::from_secs(20))
-            .min_attempt_window(Duration::from_secs(20))
+            .min_attempt_timeout(Duration::from_secs(20))
             .no_budget()
     }
 
@@ -172,6 +174,7 @@ pub struct RetryPolicyBuilder {
     jitter: Jitter,
     deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
+    min_attempt_timeout: Option<Duration>,
     min_attempt_window: Duration,
     max_retry_after: Duration,
     key_header: Result<HeaderName, ConfigError>,
@@ -203,6 +206,7 @@ impl RetryPolicyBuilder {
             jitter: Jitter::Full,
             deadline: Some(Duration::from_secs(30)),
             attempt_timeout: None,
+            min_attempt_timeout: None,
             min_attempt_window: Duration::from_millis(100),
             max_retry_after: Duration::from_secs(60),
             key_header: Ok(HeaderName::from_static("idempotency-key")),
@@ -265,6 +269,15 @@ impl RetryPolicyBuilder {
     /// Default: none (the time left).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Give each attempt at least `floor`, and at least the backoff ceiling
+    /// that would follow it: gRPC's connection backoff (`MIN_CONNECT_TIMEOUT`,
+    /// 20 s), so a slow connect is not cut short while the delays grow. The
+    /// time left before the deadline still bounds it. Default: none.
+    pub fn min_attempt_timeout(mut self, floor: Duration) -> Self {
+        self.min_attempt_timeout = Some(floor);
         self
     }
 
@@ -416,7 +429,8 @@ impl RetryPolicyBuilder {
     /// # Errors
     ///
     /// [`ConfigError`] when `max_attempts` is 0, the backoff is invalid (see
-    /// [`Backoff::from_parts`]), the deadline or an attempt timeout is zero,
+    /// [`Backoff::from_parts`]), the deadline, an attempt timeout or the
+    /// minimum attempt window is zero,
     /// a header name is invalid, or the budget values are.
     pub fn build(self) -> Result<RetryPolicy, ConfigError> {
         if self.max_attempts == 0 {
@@ -428,6 +442,11 @@ impl RetryPolicyBuilder {
         if self.attempt_timeout == Some(Duration::ZERO) {
             return Err(ConfigError::new(
                 "the attempt timeout must be greater than zero",
+            ));
+        }
+        if self.min_attempt_window.is_zero() {
+            return Err(ConfigError::new(
+                "the minimum attempt window must be greater than zero",
             ));
         }
         let backoff = Backoff::from_parts(self.base, self.cap, self.multiplier, self.jitter)?;
@@ -443,6 +462,7 @@ impl RetryPolicyBuilder {
             backoff,
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
+            min_attempt_timeout: self.min_attempt_timeout,
             min_attempt_window: self.min_attempt_window,
             max_retry_after: self.max_retry_after,
             key_header: self.key_header?,
@@ -496,6 +516,10 @@ mod tests {
             .build()
             .is_err());
         assert!(RetryPolicy::builder()
+            .min_attempt_window(Duration::ZERO)
+            .build()
+            .is_err());
+        assert!(RetryPolicy::builder()
             .idempotency_header("bad header")
             .build()
             .is_err());
@@ -521,7 +545,15 @@ mod tests {
         let aws = RetryPolicy::aws_standard().build().unwrap();
         assert_eq!(aws.max_attempts(), 3);
         assert_eq!(aws.backoff().cap(), Duration::from_secs(20));
-        assert_eq!(aws.budget().unwrap().capacity(), 500.0);
+        let quota = aws.budget().unwrap();
+        assert_eq!(quota.capacity(), 500.0);
+        // 5 per retry: 100 retries; then 10 per timeout: none left.
+        assert_eq!((0..200).filter(|_| quota.try_withdraw_retry()).count(), 100);
+        for _ in 0..10 {
+            quota.deposit(); // 1 token per first attempt
+        }
+        assert!(quota.try_withdraw_timeout());
+        assert!(!quota.try_withdraw_timeout() && !quota.try_withdraw_retry());
     }
 
     #[test]

@@ -104,6 +104,13 @@ mod tests {
             let d = floor_with_jitter(Duration::ZERO, Duration::from_secs(100), &mut rng);
             assert!(d >= Duration::from_secs(100) && d <= Duration::from_secs(102));
         }
+        let spread: std::collections::HashSet<_> = (0..100)
+            .map(|_| floor_with_jitter(Duration::ZERO, Duration::from_secs(3), &mut rng))
+            .collect();
+        assert!(
+            spread.len() > 90,
+            "obedient clients must not return together"
+        );
         let d = floor_with_jitter(Duration::from_secs(9), Duration::from_secs(1), &mut rng);
         assert_eq!(d, Duration::from_secs(9));
     }

@@ -131,4 +131,15 @@ async fn the_budget_is_on_by_default() {
     let policy = RetryPolicy::default();
     let budget = policy.budget().expect("on by default");
     assert_eq!(budget.capacity(), 10.0);
+    // Full at start: ten retries, then none.
+    assert_eq!((0..20).filter(|_| budget.try_withdraw_retry()).count(), 10);
+    // 10 % per first attempt, 1 per retry: nine deposits are not a retry,
+    // ten are.
+    for _ in 0..9 {
+        budget.deposit();
+    }
+    assert!(!budget.try_withdraw_retry());
+    budget.deposit();
+    assert!(budget.try_withdraw_retry());
+    assert!(!budget.try_withdraw_retry());
 }

@@ -27,8 +27,10 @@ async fn no_sleep_crosses_the_deadline() {
             .no_budget()
             .build()
             .unwrap();
+        let counters = p.clone();
         let (c, _) = client(p);
         let response = c.get(server.uri()).send().await.unwrap();
+        assert_eq!(counters.metrics().snapshot().deadline_give_ups, 1);
         assert_eq!(response.status(), 503, "the last response, unchanged");
         let report = response.extensions().get::<RetryReport>().unwrap().clone();
         assert_eq!(report.stop_reason(), StopReason::Deadline);
@@ -139,4 +141,48 @@ async fn neither_header_is_sent_by_default() {
     for sent in recorder.sent() {
         assert_eq!(sent.headers.len(), 0, "{:?}", sent.headers);
     }
+}
+
+#[tokio::test]
+async fn a_transport_error_that_cannot_be_retried_in_time_is_returned_at_once() {
+    let addr = support::refused_addr().await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(10)
+        .backoff(ms(400), ms(400))
+        .jitter(Jitter::None)
+        .deadline(ms(1000))
+        .build()
+        .unwrap();
+    let (c, _) = client(p);
+    let err = c.get(format!("http://{addr}/")).send().await.unwrap_err();
+    let e = reqwest_safe_retry::RetryError::from_middleware(&err).unwrap();
+    assert!(e.is_connect(), "the last error, unchanged");
+    assert_eq!(e.report().stop_reason(), StopReason::Deadline);
+    assert_eq!(e.report().delays(), [ms(400), ms(400)]);
+    assert_eq!(clock.elapsed(), ms(800));
+}
+
+#[tokio::test]
+async fn zero_request_limits_are_ignored() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).deadline(ms(1000)).build().unwrap());
+    let response = c
+        .get(server.uri())
+        .with_extension(
+            RequestOptions::new()
+                .deadline(Duration::ZERO)
+                .attempt_timeout(Duration::ZERO),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        recorder.timeouts()[0],
+        Some(ms(1000)),
+        "the policy's deadline"
+    );
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.attempts(), 3);
 }

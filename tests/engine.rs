@@ -132,6 +132,7 @@ async fn the_grpc_preset_reconnects_with_growing_jittered_delays() {
     })
     .await;
     assert_eq!(report.attempts(), 13);
+    let mut off_ceiling = 0;
     for (n, d) in report.delays().iter().enumerate() {
         let ceiling = (1.6f64.powi(n as i32)).min(120.0);
         let secs = d.as_secs_f64();
@@ -139,7 +140,110 @@ async fn the_grpc_preset_reconnects_with_growing_jittered_delays() {
             secs >= ceiling * 0.8 - 1e-9 && secs <= ceiling * 1.2 + 1e-9,
             "retry {n}: {secs}"
         );
+        if (secs - ceiling).abs() > 1e-6 {
+            off_ceiling += 1;
+        }
     }
+    assert!(
+        off_ceiling >= 10,
+        "±20 % jitter moves the delays off the ceiling"
+    );
+}
+
+#[tokio::test]
+async fn the_grpc_preset_gives_each_connect_at_least_20_s_and_the_next_backoff() {
+    let clock = ManualClock::new();
+    let p = RetryPolicy::grpc_connection_backoff()
+        .manual_clock(&clock)
+        .seed(1)
+        .build()
+        .unwrap();
+    let mut timeouts = Vec::new();
+    retry(&p, |ctx| {
+        timeouts.push(ctx.timeout().unwrap().as_secs_f64());
+        async move {
+            if ctx.attempt() < 12 {
+                Outcome::transient(())
+            } else {
+                Outcome::success(())
+            }
+        }
+    })
+    .await;
+    for (n, t) in timeouts.iter().enumerate() {
+        let ceiling = 1.6f64.powi(n as i32).min(120.0);
+        assert!(
+            (t - ceiling.max(20.0)).abs() < 1e-6,
+            "attempt {}: {t}",
+            n + 1
+        );
+    }
+    assert_eq!(timeouts[0], 20.0);
+    assert!(timeouts[11] > 20.0);
+}
+
+#[tokio::test]
+async fn each_call_starts_again_from_the_initial_delay() {
+    let clock = ManualClock::new();
+    let p = RetryPolicy::grpc_connection_backoff()
+        .manual_clock(&clock)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let (_, report) = retry(&p, |ctx| async move {
+            if ctx.attempt() < 6 {
+                Outcome::transient(())
+            } else {
+                Outcome::success(())
+            }
+        })
+        .await;
+        let first = report.delays()[0].as_secs_f64();
+        assert!((0.8..=1.2).contains(&first), "{first}");
+    }
+}
+
+#[tokio::test]
+async fn decorrelated_delays_grow_from_the_previous_one() {
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(12)
+        .backoff(ms(10), Duration::from_secs(100))
+        .jitter(Jitter::Decorrelated)
+        .no_deadline()
+        .no_budget()
+        .build()
+        .unwrap();
+    let (_, report) = retry(&p, |_| async { Outcome::transient(()) }).await;
+    let delays = report.delays();
+    for pair in delays.windows(2) {
+        assert!(
+            pair[1] <= (pair[0] * 3).max(ms(10)) && pair[1] >= ms(10),
+            "{pair:?}"
+        );
+    }
+    // Stuck at the base, no delay could pass 3 × base.
+    assert!(delays.iter().any(|d| *d > ms(30)), "{delays:?}");
+}
+
+#[tokio::test]
+async fn each_default_policy_seeds_its_own_generator() {
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let clock = ManualClock::new();
+        let p = RetryPolicy::builder()
+            .manual_clock(&clock)
+            .max_attempts(6)
+            .no_budget()
+            .build()
+            .unwrap();
+        let (_, report) = retry(&p, |_| async { Outcome::transient(()) }).await;
+        runs.push(report.delays().to_vec());
+    }
+    assert_ne!(
+        runs[0], runs[1],
+        "identical seeds recreate synchronized retries"
+    );
 }
 
 #[tokio::test(start_paused = true)]

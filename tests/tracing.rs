@@ -1,28 +1,34 @@
 //! Tracing: a span per logical operation, an event per attempt.
 //!
-//! Alone in its own test binary: tracing caches per-callsite interest
-//! process-wide, so a test without a subscriber running on another thread
-//! could hide these events.
+//! One test function alone in its own binary: tracing caches per-callsite
+//! interest process-wide, so a test without a subscriber running on another
+//! thread could hide these events.
 
 mod support;
 
 use std::sync::{Arc, Mutex};
 
-use reqwest_safe_retry::{ManualClock, RetryReport};
+use reqwest_safe_retry::{retry, ManualClock, Outcome};
 use support::{client, policy};
 use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
 
+/// Fields as (name, value) pairs.
+type Fields = Vec<(String, String)>;
+
+/// What the subscriber saw: events, and each span's name with its fields as
+/// they were at the end.
 #[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<EventFields>>>);
+struct Seen {
+    events: Arc<Mutex<Vec<Fields>>>,
+    spans: Arc<Mutex<Vec<(u64, String, Fields)>>>,
+}
 
-/// One event's fields, as (name, value) pairs.
-type EventFields = Vec<(String, String)>;
+struct Collect<'a>(&'a mut Fields);
 
-struct Fields(Vec<(String, String)>);
-
-impl Visit for Fields {
+impl Visit for Collect<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.0.push((field.name().to_owned(), format!("{value:?}")));
     }
@@ -31,53 +37,106 @@ impl Visit for Fields {
     }
 }
 
-impl<S: tracing::Subscriber> Layer<S> for Events {
+impl<S: tracing::Subscriber> Layer<S> for Seen {
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let mut fields = Fields(Vec::new());
-        event.record(&mut fields);
-        self.0.lock().unwrap().push(fields.0);
+        let mut fields = Fields::new();
+        event.record(&mut Collect(&mut fields));
+        self.events.lock().unwrap().push(fields);
+    }
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
+        let mut fields = Fields::new();
+        attrs.record(&mut Collect(&mut fields));
+        let name = attrs.metadata().name().to_owned();
+        self.spans
+            .lock()
+            .unwrap()
+            .push((id.into_u64(), name, fields));
+    }
+    fn on_record(&self, id: &Id, values: &Record<'_>, _: Context<'_, S>) {
+        let mut spans = self.spans.lock().unwrap();
+        if let Some((_, _, fields)) = spans.iter_mut().find(|(i, _, _)| *i == id.into_u64()) {
+            values.record(&mut Collect(fields));
+        }
     }
 }
 
-#[tokio::test]
-async fn one_event_per_attempt_with_the_resend_count() {
-    let events = Events::default();
-    let subscriber = tracing_subscriber::registry().with(events.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+fn field(fields: &Fields, name: &str) -> String {
+    fields
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no field {name} in {fields:?}"))
+}
 
+fn attempt_events(seen: &Seen) -> Vec<Fields> {
+    let events = std::mem::take(&mut *seen.events.lock().unwrap());
+    events
+        .into_iter()
+        .filter(|e| field(e, "message") == "attempt finished")
+        .collect()
+}
+
+fn last_retry_span(seen: &Seen) -> Fields {
+    let spans = seen.spans.lock().unwrap();
+    let (_, _, fields) = spans.iter().rev().find(|(_, n, _)| n == "retry").unwrap();
+    fields.clone()
+}
+
+#[tokio::test]
+async fn a_span_per_operation_and_an_event_per_attempt() {
+    let seen = Seen::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+
+    // Through the middleware: three 503s.
     let server = support::answering(503).await;
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).build().unwrap());
-    let response = c.get(server.uri()).send().await.unwrap();
-    assert_eq!(
-        response
-            .extensions()
-            .get::<RetryReport>()
-            .unwrap()
-            .attempts(),
-        3
-    );
-
-    let events = events.0.lock().unwrap().clone();
-    let attempts: Vec<_> = events
-        .iter()
-        .filter(|e| {
-            e.iter()
-                .any(|(k, v)| k == "message" && v == "attempt finished")
-        })
-        .collect();
+    c.get(format!("{}/orders?token=secret", server.uri()))
+        .send()
+        .await
+        .unwrap();
+    let attempts = attempt_events(&seen);
     assert_eq!(attempts.len(), 3);
-    let field = |e: &EventFields, name: &str| {
-        e.iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .unwrap()
-    };
     for (i, e) in attempts.iter().enumerate() {
+        assert_eq!(field(e, "attempt"), (i + 1).to_string());
         assert_eq!(field(e, "http.request.resend_count"), i.to_string());
         assert_eq!(field(e, "outcome"), "503");
         assert_eq!(field(e, "class"), "transient");
     }
-    assert_eq!(field(attempts[2], "stop_reason"), "attempts_exhausted");
-    assert_ne!(field(attempts[0], "delay_ms"), "0");
+    assert_ne!(field(&attempts[0], "delay_ms"), "0");
+    assert_eq!(field(&attempts[2], "stop_reason"), "attempts_exhausted");
+    let span = last_retry_span(&seen);
+    assert_eq!(field(&span, "http.request.method"), "GET");
+    assert_eq!(field(&span, "url.path"), "/orders");
+    assert_eq!(field(&span, "http.request.resend_count"), "2");
+    assert_eq!(field(&span, "stop_reason"), "attempts_exhausted");
+    assert!(
+        !format!("{span:?}").contains("secret"),
+        "the query string is not logged"
+    );
+
+    // A transport error names its kind.
+    let addr = support::refused_addr().await;
+    c.get(format!("http://{addr}/")).send().await.unwrap_err();
+    let attempts = attempt_events(&seen);
+    assert_eq!(field(&attempts[0], "outcome"), "connect");
+
+    // The generic engine traces the same way.
+    let p = policy(&clock).build().unwrap();
+    retry(&p, |ctx| async move {
+        if ctx.attempt() < 2 {
+            Outcome::transient(())
+        } else {
+            Outcome::success(())
+        }
+    })
+    .await;
+    let attempts = attempt_events(&seen);
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(field(&attempts[1], "class"), "success");
+    let span = last_retry_span(&seen);
+    assert_eq!(field(&span, "http.request.resend_count"), "1");
+    assert_eq!(field(&span, "stop_reason"), "success");
 }
