@@ -1,0 +1,256 @@
+//! The cost of one retry decision: a delay with each jitter mode, a budget
+//! withdrawal, the budget under contention, and a whole retry turn of the
+//! engine (classify → delay → deadline → budget) with a sleeper that returns
+//! at once; and the `middleware` group: a whole `get().send()` through a
+//! middleware chain ending in a canned `200 ok` (no socket), to price each
+//! retry middleware's success path alone.
+//!
+//! `cargo bench --bench decision`
+
+use std::future::Future;
+use std::hint::black_box;
+use std::pin::pin;
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use axum::http::Extensions;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rand::rngs::{SmallRng, StdRng};
+use rand::SeedableRng;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_retry::policies::ExponentialBackoff;
+use reqwest_retry::RetryTransientMiddleware;
+use reqwest_safe_retry::{
+    retry, Backoff, BoxFuture, Jitter, Outcome, RetryBudget, RetryMiddleware, RetryPolicy, Sleeper,
+};
+
+fn backoff(jitter: Jitter) -> Backoff {
+    Backoff::from_parts(
+        Duration::from_millis(100),
+        Duration::from_secs(10),
+        2.0,
+        jitter,
+    )
+    .expect("valid backoff")
+}
+
+const MODES: [Jitter; 5] = [
+    Jitter::None,
+    Jitter::Full,
+    Jitter::Equal,
+    Jitter::Decorrelated,
+    Jitter::Proportional(0.2),
+];
+
+fn delays(c: &mut Criterion) {
+    let mut group = c.benchmark_group("delay");
+    for jitter in MODES {
+        let b = backoff(jitter);
+        // SmallRng is what a policy uses when not seeded.
+        let mut rng = SmallRng::seed_from_u64(7);
+        group.bench_function(BenchmarkId::new("small_rng", jitter.name()), |bench| {
+            let mut n = 0u32;
+            let mut prev = b.base();
+            bench.iter(|| {
+                n = (n + 1) & 15; // retries 0..15: below and at the cap
+                prev = b.delay(black_box(n), prev, &mut rng);
+                black_box(prev)
+            });
+        });
+    }
+    // StdRng (ChaCha12) is what `.seed(n)` installs.
+    let b = backoff(Jitter::Full);
+    let mut rng = StdRng::seed_from_u64(7);
+    group.bench_function(BenchmarkId::new("std_rng", "full"), |bench| {
+        let mut n = 0u32;
+        bench.iter(|| {
+            n = (n + 1) & 15;
+            black_box(b.delay(black_box(n), b.base(), &mut rng))
+        });
+    });
+    group.bench_function("ceiling", |bench| {
+        let mut n = 0u32;
+        bench.iter(|| {
+            n = (n + 1) & 15;
+            black_box(b.ceiling(black_box(n)))
+        });
+    });
+    group.finish();
+}
+
+fn budget(c: &mut Criterion) {
+    let mut group = c.benchmark_group("budget");
+    // So large that no benchmark run empties it.
+    let full = RetryBudget::new(1e11, 0.1, 1.0).expect("valid budget");
+    group.bench_function("withdraw_ok", |b| {
+        b.iter(|| black_box(full.try_withdraw_retry()))
+    });
+    let empty = RetryBudget::new(0.0, 0.0, 1.0).expect("valid budget");
+    group.bench_function("withdraw_empty", |b| {
+        b.iter(|| black_box(empty.try_withdraw_retry()))
+    });
+    let small = RetryBudget::new(10.0, 0.1, 1.0).expect("valid budget");
+    group.bench_function("deposit", |b| b.iter(|| small.deposit()));
+    group.finish();
+}
+
+/// `threads` threads each do `iters` (withdraw + deposit) pairs on one
+/// shared budget; the time is the wall time of the slowest, so criterion's
+/// "time per iteration" is the time per pair per thread.
+fn contended(budget: &Arc<RetryBudget>, threads: usize, iters: u64) -> Duration {
+    let barrier = Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let budget = budget.clone();
+            let barrier = &barrier;
+            s.spawn(move || {
+                barrier.wait();
+                for _ in 0..iters {
+                    black_box(budget.try_withdraw_retry());
+                    budget.deposit();
+                }
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        // Leaving the scope joins every thread.
+        start
+    })
+    .elapsed()
+}
+
+fn contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("budget_contention");
+    let budget = Arc::new(RetryBudget::new(1e11, 0.1, 1.0).expect("valid budget"));
+    for threads in [1usize, 2, 4] {
+        // Elements = pairs done by all threads together.
+        group.throughput(Throughput::Elements(threads as u64));
+        group.bench_function(BenchmarkId::new("withdraw+deposit", threads), |b| {
+            b.iter_custom(|iters| contended(&budget, threads, iters))
+        });
+    }
+    group.finish();
+}
+
+/// A sleeper that does not sleep.
+struct NoSleep;
+
+impl Sleeper for NoSleep {
+    fn sleep(&self, _duration: Duration) -> BoxFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+/// Polls a future that never waits (the sleeper returns at once).
+fn block_on<F: Future>(f: F) -> F::Output {
+    let mut f = pin!(f);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+    }
+}
+
+fn engine(c: &mut Criterion) {
+    let mut group = c.benchmark_group("engine");
+    for (name, budget) in [("no_budget", false), ("budget", true)] {
+        let builder = RetryPolicy::builder()
+            .sleeper(NoSleep)
+            .max_attempts(u32::MAX)
+            .no_deadline();
+        let builder = if budget {
+            builder.budget(1e11, 0.1, 1.0)
+        } else {
+            builder.no_budget()
+        };
+        let policy = builder.build().expect("valid policy");
+        // One logical operation with one success: the success path.
+        group.bench_function(BenchmarkId::new("success_first_try", name), |b| {
+            b.iter(|| block_on(retry(&policy, |_| async { Outcome::success(1u8) })))
+        });
+        // One transient failure, one retry decision, one success.
+        group.bench_function(BenchmarkId::new("one_retry", name), |b| {
+            b.iter(|| {
+                block_on(retry(&policy, |ctx| async move {
+                    if ctx.attempt() == 1 {
+                        Outcome::transient(0u8)
+                    } else {
+                        Outcome::success(1u8)
+                    }
+                }))
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The end of a middleware chain: answers `200 ok` without a socket, so the
+/// `middleware` group prices the middlewares alone.
+struct Canned;
+
+#[async_trait::async_trait]
+impl Middleware for Canned {
+    async fn handle(
+        &self,
+        _req: reqwest::Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        Ok(reqwest::Response::from(
+            axum::http::Response::builder()
+                .status(200)
+                .body("ok")
+                .expect("a response"),
+        ))
+    }
+}
+
+fn middleware(c: &mut Criterion) {
+    let mut group = c.benchmark_group("middleware");
+    let canned = || ClientBuilder::new(reqwest::Client::new());
+    let chains: [(&str, ClientWithMiddleware); 4] = [
+        ("canned_only", canned().with(Canned).build()),
+        (
+            "retry_middleware",
+            canned()
+                .with(RetryMiddleware::new(RetryPolicy::default()))
+                .with(Canned)
+                .build(),
+        ),
+        (
+            "retry_middleware_no_deadline",
+            canned()
+                .with(RetryMiddleware::new(
+                    RetryPolicy::builder()
+                        .no_deadline()
+                        .build()
+                        .expect("valid policy"),
+                ))
+                .with(Canned)
+                .build(),
+        ),
+        (
+            "reqwest_retry_transient",
+            canned()
+                .with(RetryTransientMiddleware::new_with_policy(
+                    ExponentialBackoff::builder().build_with_max_retries(2),
+                ))
+                .with(Canned)
+                .build(),
+        ),
+    ];
+    for (name, client) in &chains {
+        group.bench_function(BenchmarkId::new("get", name), |b| {
+            b.iter(|| {
+                let response = block_on(client.get("http://127.0.0.1:9/x").send()).expect("canned");
+                black_box(response.status())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, delays, budget, contention, engine, middleware);
+criterion_main!(benches);

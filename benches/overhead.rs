@@ -1,0 +1,311 @@
+//! Success-path overhead: requests per second against one local server
+//! (axum, `200 ok`) through
+//!
+//! - a bare `reqwest::Client`,
+//! - `ClientWithMiddleware` with no middleware,
+//! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
+//!   and the same without a deadline (with one, every attempt carries a
+//!   timeout of the time left, i.e. a timer in reqwest),
+//! - a bare client with a 30 s request timeout, to price that timer alone,
+//! - `ClientWithMiddleware` with reqwest-retry's `RetryTransientMiddleware`
+//!   (for comparison only),
+//!
+//! sequentially and with some concurrency, in one run. Variants are
+//! interleaved (the order rotates every round) and each round's numbers are
+//! divided by the bare client's in the same round, so drift of the machine
+//! cancels out; the table shows medians over the rounds.
+//!
+//! `cargo bench --bench overhead` (env: `OVERHEAD_ROUNDS`, default 15;
+//! `OVERHEAD_REQUESTS`, default 10000; `OVERHEAD_CONCURRENCY`, default 16).
+//!
+//! The server runs on its own single-threaded runtime and thread; the client
+//! on another, so that on a two-core machine each side has one core.
+
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use axum::Router;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_retry::policies::ExponentialBackoff;
+use reqwest_retry::RetryTransientMiddleware;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+
+#[derive(Clone)]
+enum Variant {
+    Bare(reqwest::Client),
+    Middleware(ClientWithMiddleware),
+}
+
+impl Variant {
+    async fn get(&self, url: &str) -> bool {
+        let response = match self {
+            Variant::Bare(c) => c.get(url).send().await.map_err(|_| ()),
+            Variant::Middleware(c) => c.get(url).send().await.map_err(|_| ()),
+        };
+        match response {
+            Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
+            _ => false,
+        }
+    }
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()
+        .expect("a reqwest client")
+}
+
+fn variants() -> Vec<(&'static str, Variant)> {
+    vec![
+        ("bare reqwest::Client", Variant::Bare(client())),
+        (
+            "ClientWithMiddleware, no middleware",
+            Variant::Middleware(ClientBuilder::new(client()).build()),
+        ),
+        (
+            "RetryMiddleware (reqwest-safe-retry, defaults)",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(RetryMiddleware::new(RetryPolicy::default()))
+                    .build(),
+            ),
+        ),
+        (
+            "RetryMiddleware, no deadline (no per-attempt timer)",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(RetryMiddleware::new(
+                        RetryPolicy::builder()
+                            .no_deadline()
+                            .build()
+                            .expect("valid policy"),
+                    ))
+                    .build(),
+            ),
+        ),
+        (
+            "bare reqwest::Client, 30 s request timeout",
+            Variant::Bare(
+                reqwest::Client::builder()
+                    .pool_max_idle_per_host(64)
+                    .timeout(Duration::from_secs(30))
+                    .build()
+                    .expect("a reqwest client"),
+            ),
+        ),
+        (
+            "RetryTransientMiddleware (reqwest-retry 0.9)",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(RetryTransientMiddleware::new_with_policy(
+                        ExponentialBackoff::builder().build_with_max_retries(2),
+                    ))
+                    .build(),
+            ),
+        ),
+    ]
+}
+
+/// CPU time used so far by every thread of this process (client and
+/// server), in nanoseconds, from `/proc/self/task/*/schedstat` (Linux);
+/// `None` elsewhere. Less sensitive to other processes than wall time.
+fn process_cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+/// Requests per second and CPU microseconds per request.
+struct Measure {
+    rps: f64,
+    /// Requests that failed (counted, not retried; a run reports them).
+    failed: usize,
+    cpu_us: Option<f64>,
+}
+
+async fn sequential(v: &Variant, url: &str, n: usize) -> Measure {
+    let cpu = process_cpu_ns();
+    let start = Instant::now();
+    let mut failed = 0;
+    for _ in 0..n {
+        if !v.get(url).await {
+            failed += 1;
+        }
+    }
+    let rps = n as f64 / start.elapsed().as_secs_f64();
+    Measure {
+        rps,
+        failed,
+        cpu_us: cpu_per_request(cpu, n),
+    }
+}
+
+fn cpu_per_request(before: Option<u64>, n: usize) -> Option<f64> {
+    let after = process_cpu_ns()?;
+    Some(after.saturating_sub(before?) as f64 / 1e3 / n as f64)
+}
+
+async fn concurrent(v: &Variant, url: &str, n: usize, concurrency: usize) -> Measure {
+    let cpu = process_cpu_ns();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let per_task = n / concurrency;
+    for _ in 0..concurrency {
+        let v = v.clone();
+        let url = url.to_owned();
+        tasks.spawn(async move {
+            let mut failed = 0;
+            for _ in 0..per_task {
+                if !v.get(&url).await {
+                    failed += 1;
+                }
+            }
+            failed
+        });
+    }
+    let mut failed = 0;
+    while let Some(done) = tasks.join_next().await {
+        failed += done.expect("a client task");
+    }
+    let done = per_task * concurrency;
+    let rps = done as f64 / start.elapsed().as_secs_f64();
+    Measure {
+        rps,
+        failed,
+        cpu_us: cpu_per_request(cpu, done),
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else to parse.
+    let rounds = env_or("OVERHEAD_ROUNDS", 15).max(1);
+    let n = env_or("OVERHEAD_REQUESTS", 10000).max(1);
+    let concurrency = env_or("OVERHEAD_CONCURRENCY", 16).max(1);
+
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("server runtime");
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind 127.0.0.1");
+            addr_tx
+                .send(listener.local_addr().expect("local address"))
+                .expect("send address");
+            let app = Router::new().route("/", get(|| async { "ok" }));
+            axum::serve(listener, app).await.expect("serve");
+        });
+    });
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("server started");
+    let url = format!("http://{addr}/");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    rt.block_on(async {
+        let mut variants = variants();
+        // For profiling one variant at a time: OVERHEAD_ONLY=2 (0 is bare).
+        if let Some(only) = std::env::var("OVERHEAD_ONLY")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            variants = vec![variants.swap_remove(only.min(variants.len() - 1))];
+        }
+        // Warm up: connections, allocator, caches.
+        for (_, v) in &variants {
+            sequential(v, &url, 500).await;
+            concurrent(v, &url, 1000, concurrency).await;
+        }
+        let k = variants.len();
+        // [variant][mode] -> per-round values; mode 0 sequential, 1 concurrent.
+        let mut rps = vec![[Vec::new(), Vec::new()]; k];
+        let mut rps_ratio = vec![[Vec::new(), Vec::new()]; k];
+        let mut cpu = vec![[Vec::new(), Vec::new()]; k];
+        let mut cpu_ratio = vec![[Vec::new(), Vec::new()]; k];
+        let mut failed = vec![0usize; k];
+        for round in 0..rounds {
+            // Rotate the order every round so no variant always runs first.
+            let mut results: Vec<Option<[Measure; 2]>> = (0..k).map(|_| None).collect();
+            for j in 0..k {
+                let i = (round + j) % k;
+                let s = sequential(&variants[i].1, &url, n).await;
+                let c = concurrent(&variants[i].1, &url, n, concurrency).await;
+                results[i] = Some([s, c]);
+            }
+            let m: Vec<[Measure; 2]> = results
+                .into_iter()
+                .map(|r| r.expect("every variant measured"))
+                .collect();
+            for i in 0..k {
+                for mode in 0..2 {
+                    rps[i][mode].push(m[i][mode].rps);
+                    failed[i] += m[i][mode].failed;
+                    rps_ratio[i][mode].push(m[i][mode].rps / m[0][mode].rps);
+                    if let (Some(a), Some(b)) = (m[i][mode].cpu_us, m[0][mode].cpu_us) {
+                        cpu[i][mode].push(a);
+                        cpu_ratio[i][mode].push(a / b);
+                    }
+                }
+            }
+            eprintln!("round {}/{rounds} done", round + 1);
+        }
+        println!(
+            "\nSuccess path, {rounds} rounds × {n} requests per variant and mode \
+             (sequential; {concurrency} concurrent), medians over rounds. Ratios are \
+             per-round paired ratios to the bare client (same round), then the median. \
+             CPU is the whole process (client and server threads) per request.\n"
+        );
+        println!(
+            "| client | seq req/s | ratio | seq CPU µs/req | ratio | \
+             {concurrency}× req/s | ratio | {concurrency}× CPU µs/req | ratio | failed |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (i, (name, _)) in variants.iter().enumerate() {
+            let mut line = format!("| {name} |");
+            for mode in 0..2 {
+                let cpu_cell = if cpu[i][mode].is_empty() {
+                    "n/a | n/a |".to_owned()
+                } else {
+                    format!(
+                        " {:.1} | {:.3} |",
+                        median(&mut cpu[i][mode]),
+                        median(&mut cpu_ratio[i][mode])
+                    )
+                };
+                line.push_str(&format!(
+                    " {:.0} | {:.3} |{cpu_cell}",
+                    median(&mut rps[i][mode]),
+                    median(&mut rps_ratio[i][mode]),
+                ));
+            }
+            println!("{line} {} |", failed[i]);
+        }
+    });
+}

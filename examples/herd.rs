@@ -1,0 +1,979 @@
+//! `herd`: what jitter and a retry budget do to a thundering herd.
+//!
+//! Two experiments, one binary:
+//!
+//! - `brooker` — a deterministic discrete-event simulation of the model in
+//!   Marc Brooker's "Exponential Backoff And Jitter" (AWS Architecture Blog,
+//!   2015) and its companion simulator: N clients each update one row once
+//!   under optimistic concurrency control. Nothing sleeps; a run is fixed by
+//!   its seed. The delays come from this crate's own [`Backoff`].
+//! - `blip` — real sockets: a local HTTP server fails every request for a
+//!   window and then serves a limited number of requests per 50 ms; 400
+//!   logical operations start together through the real [`RetryMiddleware`].
+//!   Then an outage longer than every deadline, with and without the budget.
+//!
+//! ```text
+//! cargo run --release --example herd -- brooker --clients 10,20,30,40,50,60,70,80,90,100 --trials 100 --csv
+//! cargo run --release --example herd -- brooker            # table + SVG plots in bench-results/
+//! cargo run --release --example herd -- blip               # table, sparklines + SVG plot
+//! ```
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Normal};
+use reqwest_safe_retry::{Backoff, Jitter, RetryError, RetryMiddleware, RetryPolicy, RetryReport};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "herd",
+    about = "Brooker's backoff-and-jitter experiment, and a thundering herd on real sockets"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Discrete-event simulation of Brooker's OCC experiment (no real sleeping).
+    Brooker(BrookerArgs),
+    /// A failure blip and an outage against a local HTTP server (real sockets).
+    Blip(BlipArgs),
+}
+
+#[derive(Args, Debug)]
+struct BrookerArgs {
+    /// Numbers of clients, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,20,30,40,50,60,70,80,90,100"
+    )]
+    clients: Vec<usize>,
+    /// Trials averaged per (clients, strategy).
+    #[arg(long, default_value_t = 100)]
+    trials: u32,
+    /// Seed of the whole sweep; each (clients, strategy) row derives its own.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Strategies, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,exponential,full,equal,decorrelated"
+    )]
+    strategies: Vec<Strategy>,
+    /// Print CSV (`clients,strategy,calls,completion_ms`) instead of a table
+    /// and plots.
+    #[arg(long)]
+    csv: bool,
+    /// Where the plots go (without `--csv`).
+    #[arg(long, default_value = "bench-results")]
+    out_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct BlipArgs {
+    /// Logical operations started together.
+    #[arg(long, default_value_t = 400)]
+    ops: usize,
+    /// How long the server fails every request, from the start, in ms.
+    #[arg(long, default_value_t = 1000)]
+    fail_ms: u64,
+    /// Requests the server serves per 50 ms bucket after the blip; the rest
+    /// get a 503.
+    #[arg(long, default_value_t = 50)]
+    capacity: u32,
+    /// Backoff base, ms.
+    #[arg(long, default_value_t = 50)]
+    base_ms: u64,
+    /// Backoff cap, ms.
+    #[arg(long, default_value_t = 2000)]
+    cap_ms: u64,
+    /// Attempts per logical operation, the first included.
+    #[arg(long, default_value_t = 8)]
+    max_attempts: u32,
+    /// Deadline of a logical operation, ms.
+    #[arg(long, default_value_t = 8000)]
+    deadline_ms: u64,
+    /// Outage scenario: how long the server fails everything, ms (longer
+    /// than the outage deadline).
+    #[arg(long, default_value_t = 5000)]
+    outage_ms: u64,
+    /// Outage scenario: the operations start evenly spread over this, ms
+    /// (steady traffic rather than one burst).
+    #[arg(long, default_value_t = 3000)]
+    outage_spread_ms: u64,
+    /// Outage scenario: deadline of a logical operation, ms.
+    #[arg(long, default_value_t = 2000)]
+    outage_deadline_ms: u64,
+    /// Outage scenario: backoff base, ms.
+    #[arg(long, default_value_t = 20)]
+    outage_base_ms: u64,
+    /// Outage scenario: backoff cap, ms.
+    #[arg(long, default_value_t = 500)]
+    outage_cap_ms: u64,
+    /// Outage scenario: attempts per logical operation.
+    #[arg(long, default_value_t = 6)]
+    outage_max_attempts: u32,
+    /// Seed of the policies' random sources.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Skip the outage scenario.
+    #[arg(long)]
+    no_outage: bool,
+    /// Where the plot goes.
+    #[arg(long, default_value = "bench-results")]
+    out_dir: PathBuf,
+}
+
+/// Brooker's five strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+enum Strategy {
+    /// No backoff at all: retry at once.
+    None,
+    /// `min(cap, base·2^n)`, no jitter.
+    Exponential,
+    /// `U(0, min(cap, base·2^n))`.
+    Full,
+    /// `c/2 + U(0, c/2)` with `c = min(cap, base·2^n)`.
+    Equal,
+    /// `min(cap, U(base, prev·3))`, per-client state starting at base.
+    Decorrelated,
+}
+
+impl Strategy {
+    fn name(self) -> &'static str {
+        match self {
+            Strategy::None => "none",
+            Strategy::Exponential => "exponential",
+            Strategy::Full => "full",
+            Strategy::Equal => "equal",
+            Strategy::Decorrelated => "decorrelated",
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Brooker(args) => brooker::main(&args),
+        Command::Blip(args) => blip::main(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("herd: {e}");
+        std::process::exit(1);
+    }
+}
+
+type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+mod brooker {
+    //! The simulation. Times are integer nanoseconds, so the event queue is
+    //! totally ordered; `(time, seq)` breaks ties in insertion order and
+    //! makes every run with the same seed identical.
+
+    use super::*;
+
+    /// Brooker's parameters: base 5 ms, cap 2000 ms, hops |N(10 ms, 2 ms)|.
+    const BASE: Duration = Duration::from_millis(5);
+    const CAP: Duration = Duration::from_millis(2000);
+    const HOP_MEAN_MS: f64 = 10.0;
+    const HOP_SD_MS: f64 = 2.0;
+
+    /// The crate's backoff for a strategy; `None` for "no backoff" (zero).
+    ///
+    /// Mapping: exponential is `Jitter::None` with multiplier 2; full, equal
+    /// and decorrelated are the crate's jitter modes of the same name.
+    pub(super) fn backoff_for(strategy: Strategy) -> Option<Backoff> {
+        let jitter = match strategy {
+            Strategy::None => return None,
+            Strategy::Exponential => Jitter::None,
+            Strategy::Full => Jitter::Full,
+            Strategy::Equal => Jitter::Equal,
+            Strategy::Decorrelated => Jitter::Decorrelated,
+        };
+        Some(Backoff::from_parts(BASE, CAP, 2.0, jitter).expect("Brooker's parameters are valid"))
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Event {
+        /// A client's read request reaches the server.
+        Read { client: usize },
+        /// The read response (the version) reaches the client.
+        ReadResponse { client: usize, version: u64 },
+        /// A client's write (with the version it read) reaches the server.
+        Write { client: usize, version: u64 },
+        /// The write response reaches the client.
+        WriteResponse { client: usize, accepted: bool },
+    }
+
+    struct Client {
+        /// Rejected writes so far; Brooker's first backoff uses attempt 1.
+        attempt: u32,
+        /// The previous delay, for decorrelated jitter (starts at base).
+        prev: Duration,
+    }
+
+    struct Sim<'a> {
+        now: u64,
+        seq: u64,
+        queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
+        rng: &'a mut StdRng,
+        hop: Normal<f64>,
+    }
+
+    impl Sim<'_> {
+        /// One one-way network hop, |N(10 ms, 2 ms)|, in nanoseconds.
+        fn hop(&mut self) -> u64 {
+            let ms = self.hop.sample(self.rng).abs();
+            // Finite and small: the cast cannot truncate meaningfully.
+            (ms * 1e6).round() as u64
+        }
+
+        fn at(&mut self, time: u64, event: Event) {
+            self.seq += 1;
+            self.queue.push(Reverse((time, self.seq, event)));
+        }
+    }
+
+    /// One trial: returns (writes made, completion time in ns).
+    pub(super) fn trial(clients: usize, strategy: Strategy, rng: &mut StdRng) -> (u64, u64) {
+        let backoff = backoff_for(strategy);
+        let base = backoff.map_or(Duration::ZERO, |b| b.base());
+        let mut state: Vec<Client> = (0..clients)
+            .map(|_| Client {
+                attempt: 0,
+                prev: base,
+            })
+            .collect();
+        let mut sim = Sim {
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::with_capacity(clients * 2),
+            rng,
+            hop: Normal::new(HOP_MEAN_MS, HOP_SD_MS).expect("a valid normal distribution"),
+        };
+        let mut version = 0u64;
+        let mut calls = 0u64;
+        let mut done_at = 0u64;
+        for client in 0..clients {
+            let t = sim.hop();
+            sim.at(t, Event::Read { client });
+        }
+        while let Some(Reverse((time, _, event))) = sim.queue.pop() {
+            debug_assert!(time >= sim.now, "time must move forward");
+            sim.now = time;
+            match event {
+                Event::Read { client } => {
+                    let t = time + sim.hop();
+                    sim.at(t, Event::ReadResponse { client, version });
+                }
+                Event::ReadResponse { client, version } => {
+                    let t = time + sim.hop();
+                    sim.at(t, Event::Write { client, version });
+                }
+                Event::Write {
+                    client,
+                    version: read,
+                } => {
+                    calls += 1;
+                    let accepted = read == version;
+                    if accepted {
+                        version += 1;
+                    }
+                    let t = time + sim.hop();
+                    sim.at(t, Event::WriteResponse { client, accepted });
+                }
+                Event::WriteResponse { client, accepted } => {
+                    if accepted {
+                        done_at = done_at.max(time);
+                        continue;
+                    }
+                    let c = &mut state[client];
+                    c.attempt += 1;
+                    // Brooker's first backoff is `backoff(attempt = 1)`, i.e.
+                    // a ceiling of base·2¹. The crate numbers retries from 0
+                    // (`delay(0, ..)` has ceiling `base`), so we pass
+                    // `attempt` (1, 2, …) as `n` to get Brooker's
+                    // `min(cap, base·2^attempt)`. Decorrelated ignores `n`
+                    // and uses `prev`, as Brooker's does.
+                    let delay = match &backoff {
+                        Some(b) => b.delay(c.attempt, c.prev, sim.rng),
+                        None => Duration::ZERO,
+                    };
+                    c.prev = delay;
+                    let delay_ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+                    let t = time + sim.hop() + delay_ns;
+                    sim.at(t, Event::Read { client });
+                }
+            }
+        }
+        (calls, done_at)
+    }
+
+    /// Mixes the sweep seed with a row's coordinates (SplitMix64 finaliser),
+    /// so a row's numbers do not depend on which other rows were asked for.
+    fn row_seed(seed: u64, clients: usize, strategy: Strategy) -> u64 {
+        let mut z = seed
+            ^ (clients as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (strategy as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Mean writes and mean completion time (ms) over `trials`.
+    pub(super) fn row(clients: usize, strategy: Strategy, trials: u32, seed: u64) -> (f64, f64) {
+        let mut rng = StdRng::seed_from_u64(row_seed(seed, clients, strategy));
+        let (mut calls, mut time) = (0u64, 0u64);
+        for _ in 0..trials {
+            let (c, t) = trial(clients, strategy, &mut rng);
+            calls += c;
+            time += t;
+        }
+        let n = f64::from(trials.max(1));
+        (calls as f64 / n, time as f64 / 1e6 / n)
+    }
+
+    pub(super) fn main(args: &BrookerArgs) -> AnyResult<()> {
+        let mut rows: BTreeMap<(usize, Strategy), (f64, f64)> = BTreeMap::new();
+        let started = Instant::now();
+        for &clients in &args.clients {
+            for &strategy in &args.strategies {
+                rows.insert(
+                    (clients, strategy),
+                    row(clients, strategy, args.trials, args.seed),
+                );
+            }
+        }
+        if args.csv {
+            println!("clients,strategy,calls,completion_ms");
+            for ((clients, strategy), (calls, ms)) in &rows {
+                println!("{clients},{},{calls:.2},{ms:.2}", strategy.name());
+            }
+            return Ok(());
+        }
+        println!(
+            "Brooker's OCC experiment: base 5 ms, cap 2000 ms, hops |N(10, 2)| ms, \
+             {} trials, seed {} ({:.1} s)\n",
+            args.trials,
+            args.seed,
+            started.elapsed().as_secs_f64()
+        );
+        for (title, pick) in [
+            ("Mean writes (calls)", 0usize),
+            ("Mean completion time (ms)", 1),
+        ] {
+            println!("{title}");
+            let mut header = format!("{:>8}", "clients");
+            for s in &args.strategies {
+                let _ = write!(header, " {:>13}", s.name());
+            }
+            println!("{header}");
+            for &clients in &args.clients {
+                let mut line = format!("{clients:>8}");
+                for &s in &args.strategies {
+                    let (calls, ms) = rows[&(clients, s)];
+                    let v = if pick == 0 { calls } else { ms };
+                    let _ = write!(line, " {v:>13.1}");
+                }
+                println!("{line}");
+            }
+            println!();
+        }
+        std::fs::create_dir_all(&args.out_dir)?;
+        let series = |pick: usize| -> Vec<(String, Vec<(f64, f64)>)> {
+            args.strategies
+                .iter()
+                .map(|&s| {
+                    let points = args
+                        .clients
+                        .iter()
+                        .map(|&c| {
+                            let (calls, ms) = rows[&(c, s)];
+                            (c as f64, if pick == 0 { calls } else { ms })
+                        })
+                        .collect();
+                    (s.name().to_owned(), points)
+                })
+                .collect()
+        };
+        let calls_svg = args.out_dir.join("brooker-calls.svg");
+        let time_svg = args.out_dir.join("brooker-completion.svg");
+        plot::lines(
+            &calls_svg,
+            &format!("Writes to finish (mean of {} trials)", args.trials),
+            ("clients", "writes (calls)"),
+            false,
+            &series(0),
+        )?;
+        plot::lines(
+            &time_svg,
+            &format!("Time to finish (mean of {} trials)", args.trials),
+            ("clients", "completion time (ms, log scale)"),
+            true,
+            &series(1),
+        )?;
+        println!("plots: {}, {}", calls_svg.display(), time_svg.display());
+        Ok(())
+    }
+}
+
+mod blip {
+    //! A local server that fails for a window, then serves `capacity`
+    //! requests per 50 ms bucket and answers 503 to the rest; logical
+    //! operations through the real middleware.
+
+    use super::*;
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use axum::Router;
+    use reqwest_middleware::ClientBuilder;
+
+    pub(super) const BUCKET: Duration = Duration::from_millis(50);
+    /// Buckets recorded: 60 s of traffic; later arrivals land in the last.
+    const BUCKETS: usize = 1200;
+
+    struct Server {
+        t0: Instant,
+        fail_for: Duration,
+        capacity: u32,
+        arrivals: Vec<AtomicU32>,
+        admitted: Vec<AtomicU32>,
+    }
+
+    impl Server {
+        fn bucket(&self) -> (Duration, usize) {
+            let elapsed = self.t0.elapsed();
+            let i = (elapsed.as_millis() / BUCKET.as_millis()) as usize;
+            (elapsed, i.min(BUCKETS - 1))
+        }
+    }
+
+    async fn handle(State(server): State<Arc<Server>>) -> (StatusCode, &'static str) {
+        let (elapsed, i) = server.bucket();
+        server.arrivals[i].fetch_add(1, Ordering::Relaxed);
+        if elapsed < server.fail_for {
+            return (StatusCode::SERVICE_UNAVAILABLE, "blip");
+        }
+        if server.admitted[i].fetch_add(1, Ordering::Relaxed) >= server.capacity {
+            return (StatusCode::SERVICE_UNAVAILABLE, "over capacity");
+        }
+        (StatusCode::OK, "ok")
+    }
+
+    /// One scenario's setup.
+    #[derive(Clone)]
+    pub(super) struct Scenario {
+        pub(super) ops: usize,
+        pub(super) fail_for: Duration,
+        pub(super) capacity: u32,
+        /// Operations start evenly spread over this (zero: all together).
+        pub(super) spread: Duration,
+    }
+
+    /// What one strategy did.
+    pub(super) struct Outcome {
+        pub(super) label: String,
+        pub(super) ops: usize,
+        pub(super) attempts: u64,
+        pub(super) arrivals: Vec<u32>,
+        pub(super) succeeded: usize,
+        /// Time from the start until the last successful operation ended.
+        pub(super) last_success: Option<Duration>,
+        pub(super) latencies: Vec<Duration>,
+        pub(super) stop_reasons: BTreeMap<String, usize>,
+        pub(super) budget_rejections: u64,
+    }
+
+    impl Outcome {
+        pub(super) fn amplification(&self) -> f64 {
+            self.attempts as f64 / self.ops.max(1) as f64
+        }
+
+        pub(super) fn peak(&self) -> u32 {
+            self.arrivals.iter().copied().max().unwrap_or(0)
+        }
+
+        pub(super) fn percentile(&self, p: f64) -> Duration {
+            let mut v = self.latencies.clone();
+            v.sort_unstable();
+            if v.is_empty() {
+                return Duration::ZERO;
+            }
+            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1]
+        }
+    }
+
+    /// Runs `scenario` against a fresh server with a fresh client and policy.
+    pub(super) async fn run(
+        label: &str,
+        scenario: &Scenario,
+        policy: RetryPolicy,
+    ) -> AnyResult<Outcome> {
+        let server = Arc::new(Server {
+            t0: Instant::now(),
+            fail_for: scenario.fail_for,
+            capacity: scenario.capacity,
+            arrivals: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+            admitted: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/row", listener.local_addr()?);
+        let app = Router::new()
+            .route("/row", get(handle))
+            .with_state(server.clone());
+        let serving = tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let middleware = RetryMiddleware::new(policy);
+        let client = ClientBuilder::new(
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(scenario.ops)
+                .build()?,
+        )
+        .with(middleware.clone())
+        .build();
+
+        let t0 = server.t0;
+        let step = scenario.spread / u32::try_from(scenario.ops.max(1)).unwrap_or(u32::MAX);
+        let mut tasks = Vec::with_capacity(scenario.ops);
+        for i in 0..scenario.ops {
+            let client = client.clone();
+            let url = url.clone();
+            let start_at = t0 + step * u32::try_from(i).unwrap_or(u32::MAX);
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep_until(start_at.into()).await;
+                let started = Instant::now();
+                let result = client.get(&url).send().await;
+                let ended = Instant::now();
+                let report = match &result {
+                    Ok(response) => response.extensions().get::<RetryReport>().cloned(),
+                    Err(reqwest_middleware::Error::Middleware(e)) => {
+                        e.downcast_ref::<RetryError>().map(|r| r.report().clone())
+                    }
+                    Err(_) => None,
+                };
+                let ok = matches!(&result, Ok(r) if r.status().is_success());
+                (ok, report, ended - started, ended - t0)
+            }));
+        }
+        let mut out = Outcome {
+            label: label.to_owned(),
+            ops: scenario.ops,
+            attempts: 0,
+            arrivals: Vec::new(),
+            succeeded: 0,
+            last_success: None,
+            latencies: Vec::with_capacity(scenario.ops),
+            stop_reasons: BTreeMap::new(),
+            budget_rejections: 0,
+        };
+        for task in tasks {
+            let (ok, report, latency, end) = task.await?;
+            out.latencies.push(latency);
+            if ok {
+                out.succeeded += 1;
+                out.last_success = Some(out.last_success.map_or(end, |t| t.max(end)));
+            }
+            let reason = match &report {
+                Some(r) => {
+                    out.attempts += u64::from(r.attempts());
+                    r.stop_reason().as_str().to_owned()
+                }
+                None => "no report".to_owned(),
+            };
+            *out.stop_reasons.entry(reason).or_default() += 1;
+        }
+        out.budget_rejections = middleware.policy().metrics().snapshot().budget_rejections;
+        serving.abort();
+        let arrivals: Vec<u32> = server
+            .arrivals
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .collect();
+        let last = arrivals.iter().rposition(|&a| a > 0).map_or(0, |i| i + 1);
+        out.arrivals = arrivals[..last].to_vec();
+        let seen: u64 = out.arrivals.iter().map(|&a| u64::from(a)).sum();
+        if seen != out.attempts {
+            eprintln!(
+                "note: {label}: the server saw {seen} requests, the reports count {} attempts",
+                out.attempts
+            );
+        }
+        Ok(out)
+    }
+
+    /// `▁▂▃▄▅▆▇█`, one character per 50 ms bucket, scaled to `peak`.
+    pub(super) fn sparkline(arrivals: &[u32], peak: u32) -> String {
+        const BLOCKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+        arrivals
+            .iter()
+            .map(|&a| {
+                if a == 0 {
+                    ' '
+                } else {
+                    let level = (u64::from(a) * 8).div_ceil(u64::from(peak.max(1)));
+                    BLOCKS[(level.clamp(1, 8) - 1) as usize]
+                }
+            })
+            .collect()
+    }
+
+    fn policy(
+        jitter: Jitter,
+        budget: bool,
+        base: Duration,
+        cap: Duration,
+        max_attempts: u32,
+        deadline: Duration,
+        seed: u64,
+    ) -> AnyResult<RetryPolicy> {
+        let builder = RetryPolicy::builder()
+            .jitter(jitter)
+            .backoff(base, cap)
+            .max_attempts(max_attempts)
+            .deadline(deadline)
+            .attempt_timeout(Duration::from_secs(2))
+            .seed(seed);
+        // With a budget: the crate's default one (10 tokens, 0.1 per first
+        // attempt, 1 per retry), fresh for each run.
+        let builder = if budget { builder } else { builder.no_budget() };
+        Ok(builder.build()?)
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.0}", d.as_secs_f64() * 1e3)
+    }
+
+    pub(super) fn main(args: &BlipArgs) -> AnyResult<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(run_all(args))
+    }
+
+    async fn run_all(args: &BlipArgs) -> AnyResult<()> {
+        let base = Duration::from_millis(args.base_ms);
+        let cap = Duration::from_millis(args.cap_ms);
+        let deadline = Duration::from_millis(args.deadline_ms);
+        let blip = Scenario {
+            ops: args.ops,
+            fail_for: Duration::from_millis(args.fail_ms),
+            capacity: args.capacity,
+            spread: Duration::ZERO,
+        };
+        let strategies = [
+            ("none", Jitter::None, false),
+            ("full", Jitter::Full, false),
+            ("equal", Jitter::Equal, false),
+            ("decorrelated", Jitter::Decorrelated, false),
+            ("full+budget", Jitter::Full, true),
+        ];
+        println!(
+            "Blip: {} operations start together; the server fails everything for {} ms, \
+             then serves {} requests per 50 ms (503 for the rest).\n\
+             Policy: backoff {} ms..{} ms ×2, max {} attempts, deadline {} ms, seed {}.\n",
+            args.ops,
+            args.fail_ms,
+            args.capacity,
+            args.base_ms,
+            args.cap_ms,
+            args.max_attempts,
+            args.deadline_ms,
+            args.seed
+        );
+        let mut outcomes = Vec::new();
+        for (label, jitter, budget) in strategies {
+            let p = policy(
+                jitter,
+                budget,
+                base,
+                cap,
+                args.max_attempts,
+                deadline,
+                args.seed,
+            )?;
+            outcomes.push(run(label, &blip, p).await?);
+        }
+        println!(
+            "| strategy | attempts | amplification | succeeded | all succeeded at (ms) | \
+             p50 (ms) | p99 (ms) | peak / 50 ms | stop reasons |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        for o in &outcomes {
+            let all = if o.succeeded == o.ops {
+                o.last_success.map_or("-".to_owned(), ms)
+            } else {
+                format!("never ({} failed)", o.ops - o.succeeded)
+            };
+            println!(
+                "| {} | {} | {:.2}× | {}/{} | {} | {} | {} | {} | {} |",
+                o.label,
+                o.attempts,
+                o.amplification(),
+                o.succeeded,
+                o.ops,
+                all,
+                ms(o.percentile(0.50)),
+                ms(o.percentile(0.99)),
+                o.peak(),
+                reasons(&o.stop_reasons)
+            );
+        }
+        let peak = outcomes.iter().map(Outcome::peak).max().unwrap_or(1);
+        println!("\nArrivals per 50 ms bucket (one character each, common scale, peak {peak}):");
+        for o in &outcomes {
+            println!("{:>13} |{}|", o.label, sparkline(&o.arrivals, peak));
+        }
+
+        std::fs::create_dir_all(&args.out_dir)?;
+        let svg = args.out_dir.join("blip-arrivals.svg");
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = outcomes
+            .iter()
+            .map(|o| {
+                let points = o
+                    .arrivals
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &a)| (i as f64 * BUCKET.as_secs_f64(), f64::from(a)))
+                    .collect();
+                (o.label.clone(), points)
+            })
+            .collect();
+        let end = series
+            .iter()
+            .filter_map(|(_, p)| p.last().map(|&(x, _)| x))
+            .fold(0.0, f64::max);
+        series.push((
+            "capacity".to_owned(),
+            vec![
+                (0.0, f64::from(args.capacity)),
+                (end, f64::from(args.capacity)),
+            ],
+        ));
+        plot::lines(
+            &svg,
+            &format!(
+                "Server arrivals per 50 ms: {} ops, {} ms blip",
+                args.ops, args.fail_ms
+            ),
+            ("time since start (s)", "requests per 50 ms"),
+            false,
+            &series,
+        )?;
+        println!("plot: {}", svg.display());
+
+        if args.no_outage {
+            return Ok(());
+        }
+        let outage = Scenario {
+            ops: args.ops,
+            fail_for: Duration::from_millis(args.outage_ms),
+            capacity: args.capacity,
+            spread: Duration::from_millis(args.outage_spread_ms),
+        };
+        println!(
+            "\nOutage: the server fails everything for {} ms; {} operations start evenly over \
+             {} ms. Policy: full jitter, backoff {} ms..{} ms, max {} attempts, deadline {} ms \
+             (shorter than the outage).\n",
+            args.outage_ms,
+            args.ops,
+            args.outage_spread_ms,
+            args.outage_base_ms,
+            args.outage_cap_ms,
+            args.outage_max_attempts,
+            args.outage_deadline_ms
+        );
+        println!(
+            "| budget | attempts | amplification | budget rejections | peak / 50 ms | stop reasons |"
+        );
+        println!("|---|---:|---:|---:|---:|---|");
+        for (label, budget) in [("none", false), ("default (10, 0.1, 1)", true)] {
+            let p = policy(
+                Jitter::Full,
+                budget,
+                Duration::from_millis(args.outage_base_ms),
+                Duration::from_millis(args.outage_cap_ms),
+                args.outage_max_attempts,
+                Duration::from_millis(args.outage_deadline_ms),
+                args.seed,
+            )?;
+            let o = run(label, &outage, p).await?;
+            println!(
+                "| {} | {} | {:.2}× | {} | {} | {} |",
+                o.label,
+                o.attempts,
+                o.amplification(),
+                o.budget_rejections,
+                o.peak(),
+                reasons(&o.stop_reasons)
+            );
+        }
+        Ok(())
+    }
+
+    fn reasons(map: &BTreeMap<String, usize>) -> String {
+        map.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+mod plot {
+    //! Line plots as SVG through plotters (no system fonts: its built-in
+    //! text layout, text left to the SVG viewer).
+
+    use super::*;
+    use plotters::coord::ranged1d::{Ranged, ValueFormatter};
+    use plotters::coord::types::RangedCoordf64;
+    use plotters::prelude::*;
+
+    type Series = [(String, Vec<(f64, f64)>)];
+
+    /// Distinct, readable line colours (the last for a reference line).
+    const COLORS: [RGBColor; 7] = [
+        RGBColor(110, 110, 110),
+        RGBColor(214, 39, 40),
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(255, 127, 14),
+        RGBColor(148, 103, 189),
+        RGBColor(0, 0, 0),
+    ];
+
+    /// One line per series; `log_y` for a logarithmic y axis.
+    pub(super) fn lines(
+        path: &Path,
+        title: &str,
+        (x_label, y_label): (&str, &str),
+        log_y: bool,
+        series: &Series,
+    ) -> AnyResult<()> {
+        let all = || series.iter().flat_map(|(_, p)| p.iter().copied());
+        let x_min = all().map(|(x, _)| x).fold(f64::INFINITY, f64::min);
+        let x_max = all().map(|(x, _)| x).fold(f64::NEG_INFINITY, f64::max);
+        let y_min = all().map(|(_, y)| y).fold(f64::INFINITY, f64::min);
+        let y_max = all().map(|(_, y)| y).fold(0.0, f64::max);
+        let x_range = x_min.min(x_max)..x_max.max(x_min + 1.0);
+        let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let mut builder = ChartBuilder::on(&root);
+        builder
+            .caption(title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(70);
+        if log_y {
+            let low = (y_min.max(1.0) / 1.5).max(1.0);
+            let chart = builder
+                .build_cartesian_2d(x_range, (low..y_max * 1.5).log_scale())
+                .map_err(|e| e.to_string())?;
+            draw(chart, x_label, y_label, series)?;
+        } else {
+            let chart = builder
+                .build_cartesian_2d(x_range, 0.0..y_max * 1.05 + 1.0)
+                .map_err(|e| e.to_string())?;
+            draw(chart, x_label, y_label, series)?;
+        }
+        root.present().map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    fn draw<'a, Y>(
+        mut chart: ChartContext<'a, SVGBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+        x_label: &str,
+        y_label: &str,
+        series: &Series,
+    ) -> AnyResult<()>
+    where
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, (name, pts)) in series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let style = ShapeStyle::from(&color).stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), style))
+                .map_err(|e| e.to_string())?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_fixes_a_run() {
+        for s in [Strategy::Full, Strategy::Decorrelated, Strategy::None] {
+            assert_eq!(brooker::row(20, s, 5, 9), brooker::row(20, s, 5, 9));
+        }
+    }
+
+    #[test]
+    fn one_client_writes_once_in_four_hops() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let (calls, done_ns) = brooker::trial(1, Strategy::Full, &mut rng);
+        assert_eq!(calls, 1);
+        // Four hops of |N(10 ms, 2 ms)|: well inside 10..70 ms.
+        assert!((10_000_000..70_000_000).contains(&done_ns), "{done_ns}");
+    }
+
+    #[test]
+    fn at_least_one_write_per_client() {
+        let mut rng = StdRng::seed_from_u64(2);
+        for s in [
+            Strategy::None,
+            Strategy::Exponential,
+            Strategy::Full,
+            Strategy::Equal,
+            Strategy::Decorrelated,
+        ] {
+            let (calls, _) = brooker::trial(30, s, &mut rng);
+            assert!(calls >= 30, "{s:?}: {calls}");
+        }
+    }
+
+    #[test]
+    fn brookers_first_backoff_is_base_times_two() {
+        // Brooker's attempt 1 → the crate's n = 1 → ceiling base·2 = 10 ms.
+        let b = brooker::backoff_for(Strategy::Exponential).expect("a backoff");
+        let mut rng = StdRng::seed_from_u64(0);
+        assert_eq!(b.delay(1, b.base(), &mut rng), Duration::from_millis(10));
+        assert_eq!(b.delay(20, b.base(), &mut rng), Duration::from_secs(2));
+        assert!(brooker::backoff_for(Strategy::None).is_none());
+    }
+
+    #[test]
+    fn sparkline_scales_to_the_peak() {
+        assert_eq!(blip::sparkline(&[0, 1, 4, 8], 8), " ▁▄█");
+    }
+}
