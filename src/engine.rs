@@ -180,7 +180,7 @@ where
             let ctx = run.context();
             let outcome = op(ctx).await;
             let step = run.decide(outcome.verdict());
-            trace_attempt(&ctx, "-", outcome.verdict(), step);
+            trace_attempt(&ctx, &"-", outcome.verdict(), step);
             match step {
                 Step::Stop(reason) => return (outcome.into_value(), run.finish(reason)),
                 Step::Retry(delay) => run.sleep(delay).await,
@@ -203,7 +203,12 @@ pub(crate) fn operation_span() -> tracing::Span {
 
 /// One event per attempt: number, status or error kind, class, chosen delay,
 /// and the reason when it is the last.
-pub(crate) fn trace_attempt(ctx: &AttemptContext, outcome: &str, verdict: Verdict, step: Step) {
+pub(crate) fn trace_attempt(
+    ctx: &AttemptContext,
+    outcome: &dyn std::fmt::Display,
+    verdict: Verdict,
+    step: Step,
+) {
     let (delay_ms, stop_reason) = match step {
         Step::Retry(d) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
         Step::Stop(r) => (0, r.as_str()),
@@ -211,7 +216,7 @@ pub(crate) fn trace_attempt(ctx: &AttemptContext, outcome: &str, verdict: Verdic
     tracing::info!(
         attempt = ctx.attempt(),
         http.request.resend_count = ctx.attempt() - 1,
-        outcome,
+        %outcome,
         class = verdict.class_name(),
         delay_ms,
         stop_reason,

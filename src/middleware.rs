@@ -134,8 +134,12 @@ impl RetryMiddleware {
         loop {
             let ctx = run.context();
             // A copy for the next attempt; `None` when the body is a stream,
-            // which is sent once.
-            let spare = request.try_clone();
+            // which is sent once, or when no attempt can follow this one.
+            let spare = if ctx.attempt() < limits.max_attempts {
+                request.try_clone()
+            } else {
+                None
+            };
             *request.timeout_mut() = match (caller_timeout, ctx.timeout()) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -144,28 +148,26 @@ impl RetryMiddleware {
             let method = request.method().clone();
 
             let result = next.clone().run(request, extensions).await;
+            let cloneable = spare.is_some() || ctx.attempt() >= limits.max_attempts;
             let verdict = self.judge(
                 &method,
                 key.is_some(),
                 repeatable,
-                spare.is_some(),
+                cloneable,
                 options,
                 &result,
             );
             let step = run.decide(verdict);
-            let outcome = match &result {
-                Ok(r) => r.status().as_str().to_owned(),
-                Err(e) => classify::transport_failure(e).name().to_owned(),
-            };
-            trace_attempt(&ctx, &outcome, verdict, step);
+            trace_attempt(&ctx, &AttemptLabel(&result), verdict, step);
             let reason = match (step, spare) {
                 (Step::Retry(delay), Some(spare)) => {
                     run.sleep(delay).await;
                     request = spare;
                     continue;
                 }
-                // `judge` never calls an uncloneable request transient; this
-                // arm keeps that promise without a panic.
+                // With no copy, `judge` never calls the outcome transient, or
+                // the attempts are used up; this arm keeps that promise
+                // without a panic.
                 (Step::Retry(_), None) => StopReason::BodyNotCloneable,
                 (Step::Stop(reason), _) => reason,
             };
@@ -262,4 +264,17 @@ fn refused(report: RetryReport, error: KeyError) -> reqwest_middleware::Error {
         report,
         reqwest_middleware::Error::middleware(error),
     )))
+}
+
+/// An attempt's status or transport-error kind, formatted only if a
+/// subscriber records the event.
+struct AttemptLabel<'a>(&'a reqwest_middleware::Result<Response>);
+
+impl std::fmt::Display for AttemptLabel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ok(r) => f.write_str(r.status().as_str()),
+            Err(e) => f.write_str(classify::transport_failure(e).name()),
+        }
+    }
 }
