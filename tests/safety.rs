@@ -4,11 +4,40 @@ mod support;
 
 use std::sync::atomic::Ordering;
 
+use http::Method;
+
 use reqwest_safe_retry::{ManualClock, RequestOptions, RetryError, RetryReport, StopReason};
 use support::{client, faulty_server, policy, refused_addr, Fault};
 
 fn unkeyed() -> RequestOptions {
     RequestOptions::new().no_idempotency_key()
+}
+
+/// Sends `method` with a body to a server that fails with `fault`; returns
+/// the error's report and how many requests the server read.
+async fn send_to(fault: Fault, method: Method, options: RequestOptions) -> (RetryError, usize) {
+    let (addr, count) = faulty_server(fault).await;
+    let clock = ManualClock::new();
+    let (c, _) = client(
+        policy(&clock)
+            .attempt_timeout(support::ms(100))
+            .build()
+            .unwrap(),
+    );
+    let err = c
+        .request(method, format!("http://{addr}/"))
+        .with_extension(options)
+        .body("charge")
+        .send()
+        .await
+        .unwrap_err();
+    let reqwest_middleware::Error::Middleware(inner) = err else {
+        panic!("the error carries a report");
+    };
+    (
+        inner.downcast::<RetryError>().unwrap(),
+        count.load(Ordering::SeqCst),
+    )
 }
 
 #[tokio::test]
@@ -31,41 +60,17 @@ async fn an_unkeyed_post_is_not_retried_after_a_5xx() {
 
 #[tokio::test]
 async fn an_unkeyed_post_is_not_retried_after_a_reset() {
-    let (addr, count) = faulty_server(Fault::Reset).await;
-    let clock = ManualClock::new();
-    let (c, _) = client(policy(&clock).build().unwrap());
-    let err = c
-        .post(format!("http://{addr}/"))
-        .with_extension(unkeyed())
-        .body("charge")
-        .send()
-        .await
-        .unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
+    let (e, received) = send_to(Fault::Reset, Method::POST, unkeyed()).await;
     assert_eq!(e.report().stop_reason(), StopReason::NotIdempotent);
-    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(received, 1);
 }
 
 #[tokio::test]
 async fn an_unkeyed_patch_is_not_retried_after_a_timeout() {
-    let (addr, count) = faulty_server(Fault::Hang).await;
-    let clock = ManualClock::new();
-    let (c, _) = client(
-        policy(&clock)
-            .attempt_timeout(support::ms(100))
-            .build()
-            .unwrap(),
-    );
-    let err = c
-        .patch(format!("http://{addr}/"))
-        .with_extension(unkeyed())
-        .send()
-        .await
-        .unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
+    let (e, received) = send_to(Fault::Hang, Method::PATCH, unkeyed()).await;
     assert!(e.is_timeout());
     assert_eq!(e.report().stop_reason(), StopReason::NotIdempotent);
-    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(received, 1);
 }
 
 #[tokio::test]
@@ -87,34 +92,18 @@ async fn an_unkeyed_post_is_retried_after_a_refused_connection() {
 
 #[tokio::test]
 async fn a_keyed_post_is_retried_after_a_reset() {
-    let (addr, count) = faulty_server(Fault::Reset).await;
-    let clock = ManualClock::new();
-    let (c, _) = client(policy(&clock).build().unwrap());
-    let err = c
-        .post(format!("http://{addr}/"))
-        .body("charge")
-        .send()
-        .await
-        .unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
+    let (e, received) = send_to(Fault::Reset, Method::POST, RequestOptions::new()).await;
+    assert!(e.report().idempotency_key().is_some());
     assert_eq!(e.report().stop_reason(), StopReason::AttemptsExhausted);
-    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(received, 3);
 }
 
 #[tokio::test]
 async fn idempotent_methods_are_retried_without_a_key() {
-    let (addr, count) = faulty_server(Fault::Reset).await;
-    let clock = ManualClock::new();
-    let (c, _) = client(policy(&clock).build().unwrap());
-    let err = c
-        .put(format!("http://{addr}/"))
-        .body("state")
-        .send()
-        .await
-        .unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
+    let (e, received) = send_to(Fault::Reset, Method::PUT, RequestOptions::new()).await;
+    assert_eq!(e.report().idempotency_key(), None);
     assert_eq!(e.report().stop_reason(), StopReason::AttemptsExhausted);
-    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(received, 3);
 }
 
 #[tokio::test]
