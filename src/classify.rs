@@ -175,7 +175,11 @@ pub(crate) fn transport_failure(error: &reqwest_middleware::Error) -> TransportF
     if e.is_builder() || e.is_redirect() || e.is_decode() || e.is_body() {
         return TransportFailure::Other;
     }
-    if e.is_connect() || source_chain_has(e, |k| k == io::ErrorKind::ConnectionRefused) {
+    if e.is_connect()
+        || any_source(e, |err| {
+            io_kind(err) == Some(io::ErrorKind::ConnectionRefused)
+        })
+    {
         return TransportFailure::Connect;
     }
     if e.is_timeout() {
@@ -196,40 +200,30 @@ pub(crate) fn transport_failure(error: &reqwest_middleware::Error) -> TransportF
 /// hyper's "connection closed before message completed"
 /// (`is_incomplete_message`) or an `UnexpectedEof`.
 fn is_interrupted(e: &reqwest::Error) -> bool {
-    let mut source: Option<&(dyn StdError + 'static)> = e.source();
-    while let Some(err) = source {
+    any_source(e, |err| {
         if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            if h.is_incomplete_message() || h.is_canceled() || h.is_closed() {
-                return true;
-            }
+            return h.is_incomplete_message() || h.is_canceled() || h.is_closed();
         }
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if matches!(
-                io.kind(),
+        io_kind(err).is_some_and(|kind| {
+            matches!(
+                kind,
                 io::ErrorKind::ConnectionReset
                     | io::ErrorKind::ConnectionAborted
                     | io::ErrorKind::BrokenPipe
                     | io::ErrorKind::UnexpectedEof
-            ) {
-                return true;
-            }
-        }
-        source = err.source();
-    }
-    false
+            )
+        })
+    })
 }
 
-fn source_chain_has(e: &reqwest::Error, pred: impl Fn(io::ErrorKind) -> bool) -> bool {
-    let mut source: Option<&(dyn StdError + 'static)> = e.source();
-    while let Some(err) = source {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if pred(io.kind()) {
-                return true;
-            }
-        }
-        source = err.source();
-    }
-    false
+/// Whether any error in `e`'s `source()` chain satisfies `pred`.
+fn any_source(e: &reqwest::Error, pred: impl Fn(&(dyn StdError + 'static)) -> bool) -> bool {
+    std::iter::successors(e.source(), |&err| err.source()).any(pred)
+}
+
+/// The kind of an I/O error, if `err` is one.
+fn io_kind(err: &(dyn StdError + 'static)) -> Option<io::ErrorKind> {
+    err.downcast_ref::<io::Error>().map(io::Error::kind)
 }
 
 pub(crate) fn is_timeout(error: &reqwest_middleware::Error) -> bool {

@@ -242,6 +242,14 @@ impl From<&RetryPolicy> for Limits {
     }
 }
 
+/// The shorter of two optional limits; `None` is no limit.
+pub(crate) fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// What to do after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
@@ -292,10 +300,7 @@ impl<'p> Run<'p> {
             (Some(a), Some(f)) => Some(a.max(f)),
             (a, f) => a.or(f),
         };
-        let timeout = match (configured, time_left) {
-            (Some(a), Some(l)) => Some(a.min(l)),
-            (a, l) => a.or(l),
-        };
+        let timeout = shorter(configured, time_left);
         AttemptContext {
             attempt: self.attempt,
             timeout,

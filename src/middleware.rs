@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::classify::{
     self, server_verdict, AttemptOutcome, Class, Classifier, DefaultClassifier, TransportFailure,
 };
-use crate::engine::{trace_attempt, AttemptContext, Limits, Run, Step, Verdict};
+use crate::engine::{shorter, trace_attempt, AttemptContext, Limits, Run, Step, Verdict};
 use crate::error::{KeyError, RetryError};
 use crate::idempotency::{is_idempotent, IdempotencyKey};
 use crate::options::{KeyChoice, RequestOptions};
@@ -140,10 +140,7 @@ impl RetryMiddleware {
             } else {
                 None
             };
-            *request.timeout_mut() = match (caller_timeout, ctx.timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            *request.timeout_mut() = shorter(caller_timeout, ctx.timeout());
             self.stamp_headers(&mut request, &ctx);
             let method = request.method().clone();
 
