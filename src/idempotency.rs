@@ -25,7 +25,9 @@ use http::{HeaderValue, Method};
 use crate::error::KeyError;
 
 /// The longest key accepted, in characters (bytes: keys are visible ASCII).
-pub const MAX_KEY_LEN: usize = 255;
+/// The same limit the server half reads: both come from the
+/// `idempotency-key` crate.
+pub const MAX_KEY_LEN: usize = idempotency_key::MAX_LEN;
 
 /// A validated idempotency key: 1 to 255 visible ASCII characters.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -41,7 +43,7 @@ impl IdempotencyKey {
     /// characters, spaces and non-ASCII text cannot travel in a header as-is.
     pub fn new(key: impl Into<String>) -> Result<Self, KeyError> {
         let key = key.into();
-        validate(&key)?;
+        idempotency_key::validate(&key).map_err(key_error)?;
         Ok(IdempotencyKey(key))
     }
 
@@ -67,59 +69,23 @@ impl IdempotencyKey {
     pub fn header_value(&self, format: KeyFormat) -> Result<HeaderValue, KeyError> {
         let text = match format {
             KeyFormat::Bare => self.0.clone(),
-            KeyFormat::StructuredField => {
-                let mut s = String::with_capacity(self.0.len() + 2);
-                s.push('"');
-                for c in self.0.chars() {
-                    if c == '"' || c == '\\' {
-                        s.push('\\');
-                    }
-                    s.push(c);
-                }
-                s.push('"');
-                s
-            }
+            KeyFormat::StructuredField => idempotency_key::quote(&self.0),
         };
         HeaderValue::from_str(&text).map_err(|_| KeyError::new("not a valid header value"))
     }
 
-    /// Reads a key a caller already put in a header, in either wire form.
+    /// Reads a key a caller already put in a header, in either wire form,
+    /// by the rules the server half reads it with.
     pub(crate) fn from_header(value: &HeaderValue) -> Result<Self, KeyError> {
-        let text = value
-            .to_str()
-            .map_err(|_| KeyError::new("the header holds non-ASCII bytes"))?;
-        let unquoted = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-            Some(inner) => {
-                let mut out = String::with_capacity(inner.len());
-                let mut chars = inner.chars();
-                while let Some(c) = chars.next() {
-                    out.push(if c == '\\' {
-                        chars.next().unwrap_or(c)
-                    } else {
-                        c
-                    });
-                }
-                out
-            }
-            None => text.to_owned(),
-        };
-        IdempotencyKey::new(unquoted)
+        idempotency_key::parse(value.as_bytes())
+            .map(|key| IdempotencyKey(key.into_owned()))
+            .map_err(key_error)
     }
 }
 
-fn validate(key: &str) -> Result<(), KeyError> {
-    if key.is_empty() {
-        return Err(KeyError::new("the key is empty"));
-    }
-    if key.len() > MAX_KEY_LEN {
-        return Err(KeyError::new("the key is longer than 255 characters"));
-    }
-    if !key.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(KeyError::new(
-            "the key holds a character a header cannot carry (only visible ASCII is allowed)",
-        ));
-    }
-    Ok(())
+/// The shared rules' error, as this crate's opaque [`KeyError`].
+fn key_error(e: idempotency_key::KeyError) -> KeyError {
+    KeyError::new(e.reason())
 }
 
 impl fmt::Debug for IdempotencyKey {
@@ -168,6 +134,41 @@ pub fn is_idempotent(method: &Method) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    include!("../fixtures/key_vectors.rs");
+
+    /// Every vector a header can hold: a key the caller set is read by the
+    /// same rules as the server's, and an accepted key is sent back in both
+    /// wire forms unchanged.
+    #[test]
+    fn the_shared_key_vectors() {
+        let mut checked = 0;
+        for v in key_vectors(include_str!("../fixtures/keys.tsv")) {
+            let Ok(value) = HeaderValue::from_bytes(&v.wire) else {
+                continue; // bytes no header can hold
+            };
+            let got = IdempotencyKey::from_header(&value);
+            match &v.expected {
+                Ok(key) => {
+                    let got = got.unwrap_or_else(|e| panic!("line {}: {e}", v.line));
+                    assert_eq!(got.as_str(), key, "line {}", v.line);
+                    assert_eq!(IdempotencyKey::new(key.as_str()).as_ref(), Ok(&got));
+                    for format in [KeyFormat::Bare, KeyFormat::StructuredField] {
+                        let wire = got.header_value(format).unwrap();
+                        assert_eq!(IdempotencyKey::from_header(&wire).unwrap(), got);
+                    }
+                }
+                Err(name) => {
+                    let err = got.expect_err(&format!("line {} was accepted", v.line));
+                    let shared = idempotency_key::parse(&v.wire).unwrap_err();
+                    assert_eq!(shared.name(), *name, "line {}", v.line);
+                    assert_eq!(err, key_error(shared), "line {}", v.line);
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 30, "only {checked} vectors fit in a header");
+    }
 
     #[test]
     fn keys_are_validated() {

@@ -136,9 +136,9 @@ pub fn parse(value: &[u8]) -> Result<Cow<'_, str>, KeyError> {
         Some(quoted) => Cow::Owned(unquote(quoted)?),
         // Visible ASCII is checked before the conversion, so it cannot fail;
         // the error arm keeps that promise without a panic.
-        None if value.iter().all(u8::is_ascii_graphic) => Cow::Borrowed(
-            std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter)?,
-        ),
+        None if value.iter().all(u8::is_ascii_graphic) => {
+            Cow::Borrowed(std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter)?)
+        }
         None => return Err(KeyError::InvalidCharacter),
     };
     validate(&key)?;
@@ -214,7 +214,12 @@ mod tests {
             let Ok(key) = v.expected else { continue };
             assert_eq!(validate(&key), Ok(()), "line {}", v.line);
             assert_eq!(parse(key.as_bytes()).unwrap(), key, "line {}", v.line);
-            assert_eq!(parse(quote(&key).as_bytes()).unwrap(), key, "line {}", v.line);
+            assert_eq!(
+                parse(quote(&key).as_bytes()).unwrap(),
+                key,
+                "line {}",
+                v.line
+            );
         }
     }
 

@@ -6,8 +6,8 @@ use sha2::{Digest, Sha256};
 
 use crate::store::Fingerprint;
 
-/// Longest accepted key, in characters.
-pub(crate) const MAX_KEY_LEN: usize = 255;
+/// Longest accepted key, in characters: the limit the client checks too.
+pub(crate) const MAX_KEY_LEN: usize = idempotency_key::MAX_LEN;
 
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum KeyError {
@@ -16,55 +16,21 @@ pub(crate) enum KeyError {
     Invalid(&'static str),
 }
 
-/// Parses a key given bare (`abc`) or as a structured-field string (`"abc"`,
-/// with `\"` and `\\` escapes).
-pub(crate) fn parse_key(value: &HeaderValue) -> Result<String, KeyError> {
-    let raw = value
-        .to_str()
-        .map_err(|_| KeyError::Invalid("the key must be visible ASCII"))?
-        .trim_matches(|c| c == ' ' || c == '\t');
-    let key = if let Some(rest) = raw.strip_prefix('"') {
-        let mut out = String::with_capacity(rest.len());
-        let mut chars = rest.chars();
-        let mut closed = false;
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some(e @ ('"' | '\\')) => out.push(e),
-                    _ => return Err(KeyError::Invalid("only \\\" and \\\\ escapes are allowed")),
-                },
-                '"' => {
-                    closed = true;
-                    break;
-                }
-                ' '..='~' => out.push(c),
-                _ => return Err(KeyError::Invalid("the key must be printable ASCII")),
-            }
+impl From<idempotency_key::KeyError> for KeyError {
+    fn from(e: idempotency_key::KeyError) -> Self {
+        match e {
+            idempotency_key::KeyError::Empty => KeyError::Empty,
+            idempotency_key::KeyError::TooLong => KeyError::TooLong,
+            other => KeyError::Invalid(other.reason()),
         }
-        if !closed {
-            return Err(KeyError::Invalid("unterminated quoted key"));
-        }
-        if chars.next().is_some() {
-            return Err(KeyError::Invalid(
-                "unexpected characters after the quoted key",
-            ));
-        }
-        out
-    } else {
-        if !raw.chars().all(|c| c.is_ascii_graphic()) {
-            return Err(KeyError::Invalid(
-                "a bare key must be visible ASCII without spaces; quote it otherwise",
-            ));
-        }
-        raw.to_owned()
-    };
-    if key.is_empty() {
-        Err(KeyError::Empty)
-    } else if key.len() > MAX_KEY_LEN {
-        Err(KeyError::TooLong)
-    } else {
-        Ok(key)
     }
+}
+
+/// Parses a key given bare (`abc`) or as a structured-field string (`"abc"`,
+/// with `\"` and `\\` escapes), by the rules the client sends it with (the
+/// `idempotency-key` crate): 1 to 255 visible ASCII characters.
+pub(crate) fn parse_key(value: &HeaderValue) -> Result<String, KeyError> {
+    Ok(idempotency_key::parse(value.as_bytes())?.into_owned())
 }
 
 fn field(hasher: &mut Sha256, bytes: &[u8]) {
@@ -100,24 +66,33 @@ pub(crate) fn fingerprint(parts: &Parts, headers: &[HeaderName], body: &[u8]) ->
 mod tests {
     use super::*;
 
-    fn parse(s: &str) -> Result<String, KeyError> {
-        parse_key(&HeaderValue::from_str(s).unwrap())
-    }
+    include!("../../fixtures/key_vectors.rs");
 
+    /// Every vector a header can hold is read as the client sends it.
     #[test]
-    fn bare_and_quoted() {
-        assert_eq!(parse("abc").unwrap(), "abc");
-        assert_eq!(parse("\"abc\"").unwrap(), "abc");
-        assert_eq!(parse(r#""a\"b\\c""#).unwrap(), r#"a"b\c"#);
-        assert_eq!(parse("\"a b\"").unwrap(), "a b");
-        assert_eq!(parse(""), Err(KeyError::Empty));
-        assert_eq!(parse("\"\""), Err(KeyError::Empty));
-        assert!(matches!(parse("\"abc"), Err(KeyError::Invalid(_))));
-        assert!(matches!(parse(r#""a\nb""#), Err(KeyError::Invalid(_))));
-        assert!(matches!(parse("\"a\"b"), Err(KeyError::Invalid(_))));
-        assert!(matches!(parse("a b"), Err(KeyError::Invalid(_))));
-        assert_eq!(parse(&"k".repeat(255)).unwrap().len(), 255);
-        assert_eq!(parse(&"k".repeat(256)), Err(KeyError::TooLong));
+    fn the_shared_key_vectors() {
+        let mut checked = 0;
+        for v in key_vectors(include_str!("../../fixtures/keys.tsv")) {
+            let Ok(value) = HeaderValue::from_bytes(&v.wire) else {
+                continue; // bytes no header can hold
+            };
+            let got = parse_key(&value);
+            match &v.expected {
+                Ok(key) => assert_eq!(got.as_ref(), Ok(key), "line {}", v.line),
+                Err(name) => {
+                    let want = match *name {
+                        "empty" => KeyError::Empty,
+                        "too_long" => KeyError::TooLong,
+                        _ => {
+                            KeyError::Invalid(idempotency_key::parse(&v.wire).unwrap_err().reason())
+                        }
+                    };
+                    assert_eq!(got, Err(want), "line {}", v.line);
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 30, "only {checked} vectors fit in a header");
     }
 
     #[test]
