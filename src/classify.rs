@@ -19,12 +19,24 @@
 //! | 1xx–3xx | success |
 //! | 408, 425, 429, 500, 502, 503, 504 | transient |
 //! | 409 to a request that carried an Idempotency-Key | transient (the original is still in progress) |
+//! | any 4xx or 5xx marked `Idempotent-Replayed: true` | permanent (the stored outcome of the original) |
 //! | every other 4xx, 501, 505, other 5xx | permanent |
 //! | connect refused/failed, timeouts, a connection reset or closed before a complete response | transient |
 //! | request build, redirect-policy, body and decode errors | permanent |
 //!
 //! A server verdict (`Stripe-Should-Retry: true|false`) wins over the table;
 //! a user classifier wins over both.
+//!
+//! # A replay is final
+//!
+//! A server with an idempotency layer (tower-idempotency, Stripe) answers a
+//! retry of a completed operation with the original's stored response and
+//! `Idempotent-Replayed: true`. That response will be the same on every
+//! further attempt, for as long as the server keeps the key: a stored 503,
+//! 408 or 409 is not "try again later" but the operation's outcome. So a
+//! replayed failure stops the operation at once with
+//! [`StopReason::Permanent`](crate::StopReason::Permanent), and the verdict
+//! header stored with it is not read (it spoke about the original attempt).
 
 use std::error::Error as StdError;
 use std::io;
@@ -105,6 +117,9 @@ pub struct DefaultClassifier;
 impl Classifier for DefaultClassifier {
     fn classify(&self, attempt: &AttemptOutcome<'_>) -> Option<Class> {
         Some(match attempt.result {
+            Ok(response) if response.status().as_u16() >= 400 && is_replay(response.headers()) => {
+                Class::Permanent
+            }
             Ok(response) => classify_status(response.status(), attempt.carried_key),
             Err(error) => classify_error(error),
         })
@@ -131,8 +146,23 @@ pub fn classify_error(error: &reqwest_middleware::Error) -> Class {
     }
 }
 
+/// Whether a response is a stored outcome that the server's idempotency
+/// layer replayed (`Idempotent-Replayed: true`): final, whatever its status.
+pub(crate) fn is_replay(headers: &HeaderMap) -> bool {
+    headers
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
 /// Reads an explicit server verdict such as `Stripe-Should-Retry: false`.
+///
+/// A replay has none: its stored headers spoke about the original attempt,
+/// and the replay itself is final.
 pub(crate) fn server_verdict(headers: &HeaderMap, name: &http::HeaderName) -> Option<bool> {
+    if is_replay(headers) {
+        return None;
+    }
     let value = headers.get(name)?.to_str().ok()?.trim();
     if value.eq_ignore_ascii_case("true") {
         Some(true)
@@ -266,5 +296,22 @@ mod tests {
         assert_eq!(server_verdict(&h, &name), Some(true));
         h.insert(&name, "maybe".parse().unwrap());
         assert_eq!(server_verdict(&h, &name), None);
+        h.insert(&name, "true".parse().unwrap());
+        h.insert("idempotent-replayed", "true".parse().unwrap());
+        assert_eq!(server_verdict(&h, &name), None, "a replay has no verdict");
+    }
+
+    #[test]
+    fn replay_marker() {
+        let mut h = HeaderMap::new();
+        assert!(!is_replay(&h));
+        for yes in ["true", "TRUE", " true "] {
+            h.insert("idempotent-replayed", yes.parse().unwrap());
+            assert!(is_replay(&h), "{yes:?}");
+        }
+        for no in ["false", "1", ""] {
+            h.insert("idempotent-replayed", no.parse().unwrap());
+            assert!(!is_replay(&h), "{no:?}");
+        }
     }
 }
