@@ -418,6 +418,10 @@ where
         };
 
         Box::pin(async move {
+            // Everything after the request body is read runs in a task the
+            // connection does not own: once a handler has started, a client
+            // that disconnects (hyper drops this future) neither cancels it
+            // nor releases its key; the response is stored for the retry.
             let key = match key {
                 Ok(key) => key,
                 Err(detail) => return Ok(problem(ProblemKind::BadKey, &detail, None)),
@@ -437,6 +441,39 @@ where
                     return Ok(problem(ProblemKind::BadBody, &detail, None));
                 }
             };
+            let task = tokio::spawn(process(inner, store, config, parts, body, key));
+            match task.await {
+                Ok(result) => result,
+                // A panic in the handler: re-raise it, as an unspawned
+                // handler would have.
+                Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                // The runtime is shutting down and cancelled the task.
+                Err(_) => Ok(problem(
+                    ProblemKind::Internal,
+                    "the server is shutting down",
+                    None,
+                )),
+            }
+        })
+    }
+}
+
+async fn process<S, ReqBody, ResBody>(
+    mut inner: S,
+    store: Arc<dyn IdempotencyStore>,
+    config: Arc<Config>,
+    parts: Parts,
+    body: Bytes,
+    key: String,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ReqBody: From<Bytes>,
+    ResBody: Body<Data = Bytes> + From<Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    {
+        {
             let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
             let scope = (config.scope)(&parts);
             let claim = store
@@ -545,6 +582,6 @@ where
             }
             guard.disarm();
             Ok(Response::from_parts(parts, ResBody::from(body)))
-        })
+        }
     }
 }
