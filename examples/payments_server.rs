@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example payments_server -- --listen 127.0.0.1:3000 --store memory --work-ms 0
 //! cargo run --example payments_server -- --store postgres://postgres@127.0.0.1:5432/test
+//! cargo run --example payments_server -- --store memory --after-effect-ms 400
 //!
 //! curl -i -X POST localhost:3000/payments -H 'Idempotency-Key: k1' \
 //!      -H 'content-type: application/json' -d '{"account":"A","amount":10}'
@@ -15,12 +16,25 @@
 //!   (`Idempotent-Replayed: true`) without creating a second payment.
 //! * `GET /payments?account=A` lists the payments (of one account).
 //!
+//! Keys are scoped by the layer's default, the request's `Authorization`
+//! header (a digest of it, never the secret): two callers with different
+//! credentials never share a key, a response or a 422.
+//!
+//! `--after-effect-ms N` makes the handler record the payment first and then
+//! wait N ms before answering: a slow downstream after the charge, the case a
+//! client's attempt timeout hits. The layer keeps the handler running when
+//! the client hangs up, and answers the retry with 409 and then the replay.
+//!
+//! The layer's warnings go to stderr (`RUST_LOG` overrides the `warn` level).
+//! Start-up failures print one line and exit with status 1.
+//!
 //! With `--store postgres://...` the idempotency table and a `payments` table
 //! are created at start, and each payment row is inserted in the same
 //! transaction that completes its idempotency key: either both commit or
 //! neither does.
 
 use std::io::Write;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,6 +46,8 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+use sqlx::Connection;
+use tracing_subscriber::EnvFilter;
 use tower_idempotency::{
     spawn_sweeper, IdempotencyContext, IdempotencyLayer, IdempotencyStore, MemoryStore,
     PostgresStore, StoredResponse,
@@ -49,6 +65,9 @@ struct Args {
     /// Simulated processing time per payment, in milliseconds.
     #[arg(long, default_value_t = 0)]
     work_ms: u64,
+    /// Time the handler waits after recording a payment, before answering.
+    #[arg(long, default_value_t = 0)]
+    after_effect_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +100,7 @@ enum Backend {
 struct AppState {
     backend: Arc<Backend>,
     work: Duration,
+    after_effect: Duration,
 }
 
 fn internal(err: impl std::fmt::Display) -> Response {
@@ -110,6 +130,7 @@ async fn create_payment(
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(payment.clone());
+            after_effect(state.after_effect).await;
             // The layer stores this response and completes the key.
             (StatusCode::CREATED, Json(payment)).into_response()
         }
@@ -142,11 +163,19 @@ async fn create_payment(
                     ));
                 }
                 tx.commit().await?;
+                after_effect(state.after_effect).await;
                 Ok(json_response(StatusCode::CREATED, body))
             }
             .await;
             result.unwrap_or_else(internal)
         }
+    }
+}
+
+/// The slow downstream after the charge.
+async fn after_effect(wait: Duration) {
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -187,8 +216,24 @@ async fn list_payments(State(state): State<AppState>, Query(q): Query<ListQuery>
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            let _ = writeln!(std::io::stderr(), "payments_server: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Serves until the listener fails; every error is a sentence for a person.
+async fn run(args: Args) -> Result<(), String> {
     let (backend, store): (Backend, Arc<dyn IdempotencyStore>) = if args.store == "memory" {
         let backend = Backend::Memory {
             payments: Mutex::new(Vec::new()),
@@ -196,8 +241,61 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         (backend, Arc::new(MemoryStore::new()))
     } else if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
-        let store = PostgresStore::connect(&args.store).await?;
-        store.migrate().await?;
+        let store = connect_postgres(&args.store)
+            .await
+            .map_err(|e| format!("cannot reach PostgreSQL at {}: {e}", args.store))?;
+        (Backend::Postgres(store.clone()), Arc::new(store))
+    } else {
+        return Err(format!(
+            "--store must be `memory` or a postgres:// URL, got {:?}",
+            args.store
+        ));
+    };
+    let _sweeper = spawn_sweeper(store.clone(), Duration::from_secs(600));
+
+    // The layer's default scope: a digest of the Authorization header.
+    let idempotency = IdempotencyLayer::from_arc(store);
+    let state = AppState {
+        backend: Arc::new(backend),
+        work: Duration::from_millis(args.work_ms),
+        after_effect: Duration::from_millis(args.after_effect_ms),
+    };
+    let app = Router::new()
+        .route("/payments", get(list_payments).post(create_payment))
+        .with_state(state)
+        .layer(idempotency);
+
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AddrInUse => format!("address {} in use", args.listen),
+            _ => format!("cannot listen on {}: {e}", args.listen),
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "listening on {addr}")
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("cannot write to stdout: {e}"))?;
+    axum::serve(listener, app)
+        .await
+        .map_err(|e| format!("serving on {addr} failed: {e}"))
+}
+
+/// Connects, applies the migrations and creates the `payments` table; gives
+/// up after 10 s rather than waiting on an unreachable server.
+async fn connect_postgres(url: &str) -> Result<PostgresStore, String> {
+    let setup = async {
+        // One plain connection first: a refused or misconfigured server
+        // answers at once with its real error, where the pool would retry
+        // until its acquire timeout.
+        let probe = sqlx::postgres::PgConnection::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = probe.close().await;
+        let store = PostgresStore::connect(url).await.map_err(|e| e.to_string())?;
+        store.migrate().await.map_err(|e| e.to_string())?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS payments (
                  id         bigserial   PRIMARY KEY,
@@ -207,41 +305,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
              )",
         )
         .execute(store.pool())
-        .await?;
-        (Backend::Postgres(store.clone()), Arc::new(store))
-    } else {
-        return Err(format!(
-            "--store must be `memory` or a postgres:// URL, got {:?}",
-            args.store
-        )
-        .into());
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(store)
     };
-    let _sweeper = spawn_sweeper(store.clone(), Duration::from_secs(600));
-
-    let idempotency = IdempotencyLayer::from_arc(store)
-        // Scope keys by caller. Derive this from *authenticated* identity in
-        // a real service; here an optional `x-api-key` header stands in.
-        .scope_with(|parts| {
-            parts
-                .headers
-                .get("x-api-key")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("anonymous")
-                .to_owned()
-        });
-    let state = AppState {
-        backend: Arc::new(backend),
-        work: Duration::from_millis(args.work_ms),
-    };
-    let app = Router::new()
-        .route("/payments", get(list_payments).post(create_payment))
-        .with_state(state)
-        .layer(idempotency);
-
-    let listener = tokio::net::TcpListener::bind(&args.listen).await?;
-    let mut stdout = std::io::stdout();
-    writeln!(stdout, "listening on {}", listener.local_addr()?)?;
-    stdout.flush()?;
-    axum::serve(listener, app).await?;
-    Ok(())
+    tokio::time::timeout(Duration::from_secs(10), setup)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 10 s".to_owned()))
 }
