@@ -47,11 +47,11 @@ use axum::{Extension, Json, Router};
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use sqlx::Connection;
-use tracing_subscriber::EnvFilter;
 use tower_idempotency::{
     spawn_sweeper, IdempotencyContext, IdempotencyLayer, IdempotencyStore, MemoryStore,
     PostgresStore, StoredResponse,
 };
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
 #[command(about = "Payments API with Idempotency-Key support")]
@@ -294,7 +294,9 @@ async fn connect_postgres(url: &str) -> Result<PostgresStore, String> {
             .await
             .map_err(|e| e.to_string())?;
         let _ = probe.close().await;
-        let store = PostgresStore::connect(url).await.map_err(|e| e.to_string())?;
+        let store = PostgresStore::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
         store.migrate().await.map_err(|e| e.to_string())?;
         sqlx::query(
             "CREATE TABLE IF NOT EXISTS payments (

@@ -14,6 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+pub mod payments;
+
 /// A policy builder with a manual clock (sleeps are recorded, never slept) and
 /// a fixed seed.
 pub fn policy(clock: &ManualClock) -> RetryPolicyBuilder {

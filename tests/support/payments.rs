@@ -1,0 +1,87 @@
+//! Running `examples/payments_server` from a test.
+//!
+//! `cargo test` builds the examples; `cargo test --test NAME` does not, so
+//! run `cargo build --examples` first or the test runs a stale server.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Output, Stdio};
+
+/// The PostgreSQL the tests use: `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The path of an example binary; `cargo test` builds the examples next to
+/// the test binaries.
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    dir.join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+}
+
+/// A running payments server, killed when dropped.
+#[derive(Debug)]
+pub struct PaymentsServer {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Drop for PaymentsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl PaymentsServer {
+    /// Starts one on a free port with these extra arguments; panics with the
+    /// server's own words if it does not start.
+    pub fn start(args: &[&str]) -> PaymentsServer {
+        let mut child = Command::new(example("payments_server"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("build the example first: cargo build --example payments_server");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        match line.trim().strip_prefix("listening on ") {
+            Some(addr) => PaymentsServer {
+                addr: addr.parse().unwrap(),
+                child,
+            },
+            None => {
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "payments_server {args:?} did not start: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+        }
+    }
+
+    /// `http://addr/payments`.
+    pub fn url(&self) -> String {
+        format!("http://{}/payments", self.addr)
+    }
+
+    /// How many payments `account` has, asked straight from the server.
+    pub async fn payments_of(&self, account: &str) -> usize {
+        let url = format!("{}?account={account}", self.url());
+        let bytes = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&bytes).unwrap();
+        rows.len()
+    }
+}
+
+/// Runs the server to its end (for start-up failures).
+pub fn run_to_end(args: &[&str]) -> Output {
+    Command::new(example("payments_server"))
+        .args(args)
+        .output()
+        .expect("build the example first: cargo build --example payments_server")
+}
