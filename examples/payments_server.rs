@@ -103,8 +103,17 @@ struct AppState {
     after_effect: Duration,
 }
 
-fn internal(err: impl std::fmt::Display) -> Response {
-    (StatusCode::INTERNAL_SERVER_ERROR, err.to_string()).into_response()
+/// A database error: the payment's transaction did not commit (the key is
+/// completed in the same transaction, so a commit that did happen shows as
+/// the replay on the retry). Nothing was charged: ask for a retry.
+fn unavailable(err: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %err, "payments database unavailable");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, "1")],
+        format!("payments database unavailable: {err}"),
+    )
+        .into_response()
 }
 
 fn json_response(status: StatusCode, body: String) -> Response {
@@ -167,7 +176,7 @@ async fn create_payment(
                 Ok(json_response(StatusCode::CREATED, body))
             }
             .await;
-            result.unwrap_or_else(internal)
+            result.unwrap_or_else(unavailable)
         }
     }
 }
@@ -209,7 +218,7 @@ async fn list_payments(State(state): State<AppState>, Query(q): Query<ListQuery>
                         .collect::<Vec<_>>(),
                 )
                 .into_response(),
-                Err(err) => internal(err),
+                Err(err) => unavailable(err),
             }
         }
     }
