@@ -84,22 +84,27 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod config;
 mod key;
 mod layer;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod problem;
+mod replay;
+mod run;
+mod scope;
 mod store;
 
+pub use config::{ConfigError, IdempotencyLayerBuilder};
 pub use layer::{
     IdempotencyContext, IdempotencyLayer, IdempotencyService, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
 };
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, MIGRATION_SQL};
 pub use problem::ProblemKind;
 pub use store::{
     spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,
-    ManualClock, StoreError, StoredResponse, SystemClock,
+    ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
 };

@@ -1,15 +1,27 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
-    StoredResponse, SystemClock,
+    check_ids, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,
+    StoreError, StoredResponse, SystemClock,
 };
+
+/// Default bound on the number of records a [`MemoryStore`] holds.
+pub const DEFAULT_MEMORY_MAX_KEYS: usize = 100_000;
+
+/// Default interval between two sweeps of expired records.
+const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Far enough in the future to mean "never" for a record's expiry.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+type MapKey = (String, String);
 
 #[derive(Debug)]
 enum State {
@@ -17,7 +29,8 @@ enum State {
         lease: LeaseToken,
         locked_at: SystemTime,
     },
-    Completed(StoredResponse),
+    /// Completed; `seq` is the record's place in the eviction order.
+    Completed { response: StoredResponse, seq: u64 },
 }
 
 #[derive(Debug)]
@@ -27,6 +40,43 @@ struct Record {
     state: State,
 }
 
+#[derive(Debug, Default)]
+struct Inner {
+    records: HashMap<MapKey, Record>,
+    /// Completed records, oldest completion first (entries may be stale:
+    /// checked against the record's `seq` before use).
+    completed: BTreeMap<u64, MapKey>,
+    next_seq: u64,
+    next_sweep: Option<SystemTime>,
+}
+
+impl Inner {
+    fn sweep(&mut self, now: SystemTime) -> u64 {
+        let before = self.records.len();
+        self.records.retain(|_, record| record.expires_at > now);
+        let records = &self.records;
+        self.completed.retain(|seq, map_key| {
+            matches!(records.get(map_key), Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq)
+        });
+        (before - self.records.len()) as u64
+    }
+
+    /// Removes the oldest completed record; `false` if there is none.
+    fn evict_oldest_completed(&mut self) -> bool {
+        while let Some((seq, map_key)) = self.completed.pop_first() {
+            let current = matches!(
+                self.records.get(&map_key),
+                Some(Record { state: State::Completed { seq: s, .. }, .. }) if *s == seq
+            );
+            if current {
+                self.records.remove(&map_key);
+                return true;
+            }
+        }
+        false
+    }
+}
+
 /// An idempotency store kept in a `Mutex<HashMap>` inside the process.
 ///
 /// Suitable for a single server instance and for tests; records are lost on
@@ -34,15 +84,27 @@ struct Record {
 /// [`with_clock`](Self::with_clock) with a [`ManualClock`](crate::ManualClock)
 /// to test expiry and lock timeouts without sleeping.
 ///
+/// Bounded: at most [`max_keys`](Self::max_keys) records (default 100 000).
+/// When a new key would exceed the bound, expired records go first, then the
+/// oldest completed ones; in-progress claims are never evicted (a claim that
+/// finds only in-progress records gets a transient error, answered `503`).
+/// Expired records are swept while writing, at most once per
+/// [`sweep_every`](Self::sweep_every) (default 60 s), so no background task
+/// is needed.
+///
 /// ```
+/// use std::num::NonZeroUsize;
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
-/// let layer = IdempotencyLayer::new(MemoryStore::new());
+/// let store = MemoryStore::new().max_keys(NonZeroUsize::new(10_000).unwrap());
+/// let layer = IdempotencyLayer::new(store);
 /// # let _ = layer;
 /// ```
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
-    records: Arc<Mutex<HashMap<(String, String), Record>>>,
+    inner: Arc<Mutex<Inner>>,
     clock: Arc<dyn Clock>,
+    max_keys: NonZeroUsize,
+    sweep_every: Duration,
 }
 
 impl Default for MemoryStore {
@@ -60,72 +122,113 @@ impl MemoryStore {
     /// An empty store reading the time from `clock`.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
-            records: Arc::new(Mutex::new(HashMap::new())),
+            inner: Arc::new(Mutex::new(Inner::default())),
             clock,
+            max_keys: NonZeroUsize::new(DEFAULT_MEMORY_MAX_KEYS).unwrap_or(NonZeroUsize::MIN),
+            sweep_every: DEFAULT_SWEEP_EVERY,
         }
+    }
+
+    /// Holds at most `max` records (default 100 000).
+    pub fn max_keys(mut self, max: NonZeroUsize) -> Self {
+        self.max_keys = max;
+        self
+    }
+
+    /// Sweeps expired records while writing at most once per `every`
+    /// (default 60 s; `Duration::ZERO` sweeps on every write).
+    pub fn sweep_every(mut self, every: Duration) -> Self {
+        self.sweep_every = every;
+        self
     }
 
     /// Number of records currently held (including expired, unswept ones).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().records.len()
     }
 
     /// Whether the store holds no record.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().records.is_empty()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<(String, String), Record>> {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
         // A poisoned lock only means another thread panicked while holding it;
         // every critical section below leaves the map consistent, so continue.
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Sweeps if the last sweep is older than `sweep_every`.
+    fn maybe_sweep(&self, inner: &mut Inner, now: SystemTime) {
+        if inner.next_sweep.is_none_or(|at| at <= now) {
+            inner.sweep(now);
+            inner.next_sweep = Some(now.checked_add(self.sweep_every).unwrap_or(now));
+        }
+    }
+
+    /// Makes room for one new record, or explains why there is none.
+    fn make_room(&self, inner: &mut Inner, now: SystemTime) -> Result<(), StoreError> {
+        if inner.records.len() < self.max_keys.get() {
+            return Ok(());
+        }
+        if inner.sweep(now) > 0 || inner.evict_oldest_completed() {
+            return Ok(());
+        }
+        Err(StoreError::msg(format!(
+            "the memory store is full: {} keys are in progress",
+            inner.records.len()
+        ))
+        .transient())
+    }
+}
+
+fn later(now: SystemTime, by: Duration) -> SystemTime {
+    now.checked_add(by.min(FAR_FUTURE))
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
 }
 
 #[async_trait]
 impl IdempotencyStore for MemoryStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        check_ids(req.scope, req.key)?;
         let now = self.clock.now();
-        let mut map = self.lock();
+        let mut inner = self.lock();
+        self.maybe_sweep(&mut inner, now);
         let map_key = (req.scope.to_owned(), req.key.to_owned());
         let fresh = |lease| Record {
             fingerprint: req.fingerprint,
-            expires_at: now + req.ttl,
+            expires_at: later(now, req.ttl),
             state: State::InProgress {
                 lease,
                 locked_at: now,
             },
         };
-        match map.get_mut(&map_key) {
-            None => {
-                let lease = LeaseToken::new_random();
-                map.insert(map_key, fresh(lease));
-                Ok(ClaimOutcome::Claimed(lease))
-            }
-            Some(record) if record.expires_at <= now => {
-                let lease = LeaseToken::new_random();
+        let lease = LeaseToken::new_random();
+        let Some(record) = inner.records.get_mut(&map_key) else {
+            self.make_room(&mut inner, now)?;
+            inner.records.insert(map_key, fresh(lease));
+            return Ok(ClaimOutcome::Claimed(lease));
+        };
+        if record.expires_at <= now {
+            *record = fresh(lease);
+            return Ok(ClaimOutcome::Claimed(lease));
+        }
+        let fingerprint_matches = record.fingerprint == req.fingerprint;
+        match &record.state {
+            State::Completed { response, .. } => Ok(ClaimOutcome::Completed {
+                response: response.clone(),
+                fingerprint_matches,
+            }),
+            State::InProgress { locked_at, .. }
+                if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now =>
+            {
                 *record = fresh(lease);
                 Ok(ClaimOutcome::Claimed(lease))
             }
-            Some(record) => {
-                let fingerprint_matches = record.fingerprint == req.fingerprint;
-                match &record.state {
-                    State::Completed(response) => Ok(ClaimOutcome::Completed {
-                        response: response.clone(),
-                        fingerprint_matches,
-                    }),
-                    State::InProgress { locked_at, .. }
-                        if fingerprint_matches && *locked_at + req.lock_timeout <= now =>
-                    {
-                        let lease = LeaseToken::new_random();
-                        *record = fresh(lease);
-                        Ok(ClaimOutcome::Claimed(lease))
-                    }
-                    State::InProgress { .. } => Ok(ClaimOutcome::InProgress {
-                        fingerprint_matches,
-                    }),
-                }
-            }
+            State::InProgress { .. } => Ok(ClaimOutcome::InProgress {
+                fingerprint_matches,
+            }),
         }
     }
 
@@ -136,11 +239,42 @@ impl IdempotencyStore for MemoryStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let mut map = self.lock();
-        match map.get_mut(&(scope.to_owned(), key.to_owned())) {
+        let mut inner = self.lock();
+        let seq = inner.next_seq;
+        let map_key = (scope.to_owned(), key.to_owned());
+        match inner.records.get_mut(&map_key) {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
-                record.state = State::Completed(response.clone());
+                record.state = State::Completed {
+                    response: response.clone(),
+                    seq,
+                };
+                inner.next_seq += 1;
+                inner.completed.insert(seq, map_key);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        match inner.records.get_mut(&(scope.to_owned(), key.to_owned())) {
+            Some(Record {
+                state:
+                    State::InProgress {
+                        lease: l,
+                        locked_at,
+                    },
+                ..
+            }) if *l == lease => {
+                *locked_at = now;
                 Ok(true)
             }
             _ => Ok(false),
@@ -148,12 +282,12 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
-        let mut map = self.lock();
+        let mut inner = self.lock();
         let map_key = (scope.to_owned(), key.to_owned());
-        match map.get(&map_key) {
+        match inner.records.get(&map_key) {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
-                map.remove(&map_key);
+                inner.records.remove(&map_key);
                 Ok(true)
             }
             _ => Ok(false),
@@ -162,9 +296,6 @@ impl IdempotencyStore for MemoryStore {
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
         let now = self.clock.now();
-        let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, record| record.expires_at > now);
-        Ok((before - map.len()) as u64)
+        Ok(self.lock().sweep(now))
     }
 }

@@ -1,13 +1,12 @@
 //! [`PostgresStore`]: a store shared by every server instance, in PostgreSQL.
 //!
 //! The schema lives in the crate's `migrations/` folder and is applied by
-//! [`PostgresStore::migrate`]. Timestamps are written from the store's
-//! [`Clock`] (not the database's `now()`), so tests can move time by hand and
-//! all instances must have reasonably synchronised clocks (well under the lock
-//! timeout).
+//! [`PostgresStore::migrate`]. Every timestamp (claim, lease, expiry, sweep)
+//! is computed by the database with `now()`, never from a replica's clock, so
+//! a replica whose clock runs ahead cannot take over a live claim.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -16,8 +15,8 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 use crate::layer::IdempotencyContext;
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
-    StoredResponse, SystemClock,
+    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
+    StoredResponse,
 };
 
 /// The SQL of the crate's migration, for the default table `idempotency_keys`.
@@ -25,12 +24,21 @@ pub const MIGRATION_SQL: &str = include_str!("../migrations/0001_create_idempote
 
 const DEFAULT_TABLE: &str = "idempotency_keys";
 
+/// Durations are bound as seconds; longer ones mean "never" and are capped
+/// here so that `now() + interval` cannot overflow.
+const MAX_INTERVAL_SECS: f64 = 100.0 * 365.0 * 24.0 * 3600.0;
+
+fn interval_secs(d: Duration) -> f64 {
+    d.as_secs_f64().min(MAX_INTERVAL_SECS)
+}
+
 #[derive(Debug)]
 struct Queries {
     table: String,
     claim: String,
     select: String,
     complete: String,
+    extend: String,
     release: String,
     sweep: String,
 }
@@ -39,25 +47,26 @@ impl Queries {
     fn new(t: &str) -> Self {
         Self {
             table: t.to_owned(),
+            // $4: ttl in seconds, $5: lease, $6: lock timeout in seconds.
             claim: format!(
                 "INSERT INTO {t} AS t (scope, key, request_fingerprint, status, created_at, \
                  locked_at, lock_token, expires_at) \
-                 VALUES ($1, $2, $3, 'in_progress', to_timestamp($4), to_timestamp($4), \
-                 $5::uuid, to_timestamp($6)) \
+                 VALUES ($1, $2, $3, 'in_progress', now(), now(), $5::uuid, \
+                 now() + make_interval(secs => $4::float8)) \
                  ON CONFLICT (scope, key) DO UPDATE SET \
                  request_fingerprint = EXCLUDED.request_fingerprint, status = 'in_progress', \
                  response_code = NULL, headers = NULL, body = NULL, \
                  created_at = EXCLUDED.created_at, locked_at = EXCLUDED.locked_at, \
                  lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at \
-                 WHERE t.expires_at <= EXCLUDED.created_at \
+                 WHERE t.expires_at <= now() \
                  OR (t.status = 'in_progress' \
                      AND t.request_fingerprint = EXCLUDED.request_fingerprint \
-                     AND t.locked_at <= to_timestamp($7)) \
+                     AND t.locked_at <= now() - make_interval(secs => $6::float8)) \
                  RETURNING lock_token::text"
             ),
             select: format!(
                 "SELECT request_fingerprint, status, response_code, headers::text AS headers, body \
-                 FROM {t} WHERE scope = $1 AND key = $2"
+                 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > now()"
             ),
             complete: format!(
                 "UPDATE {t} SET status = 'completed', response_code = $4, headers = $5::jsonb, \
@@ -65,11 +74,16 @@ impl Queries {
                  WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
                  AND lock_token = $3::uuid"
             ),
+            extend: format!(
+                "UPDATE {t} SET locked_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND lock_token = $3::uuid"
+            ),
             release: format!(
                 "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
                  AND lock_token = $3::uuid"
             ),
-            sweep: format!("DELETE FROM {t} WHERE expires_at <= to_timestamp($1)"),
+            sweep: format!("DELETE FROM {t} WHERE expires_at <= now()"),
         }
     }
 }
@@ -93,18 +107,43 @@ impl Queries {
 pub struct PostgresStore {
     pool: PgPool,
     queries: Arc<Queries>,
-    clock: Arc<dyn Clock>,
 }
 
-fn secs(t: SystemTime) -> f64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
+/// Whether retrying later may help: the connection or the pool failed, or
+/// the server is restarting or overloaded. Anything else (a constraint, a
+/// value PostgreSQL refuses, a missing table) is permanent.
+fn is_transient(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // 08: connection exception; 57P01-57P03: admin shutdown, crash
+            // shutdown, cannot connect now; 53300: too many connections;
+            // 40001/40P01: serialization failure, deadlock; 57014: query
+            // cancelled (statement timeout).
+            code.starts_with("08")
+                || matches!(
+                    code.as_ref(),
+                    "57P01" | "57P02" | "57P03" | "53300" | "40001" | "40P01" | "57014"
+                )
+        }),
+        _ => false,
     }
 }
 
 fn db_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |e| StoreError::with_source(what, e)
+    move |e| {
+        let transient = is_transient(&e);
+        let err = StoreError::with_source(what, e);
+        if transient {
+            err.transient()
+        } else {
+            err
+        }
+    }
 }
 
 fn headers_json(headers: &[(String, String)]) -> Result<String, StoreError> {
@@ -117,7 +156,6 @@ impl PostgresStore {
         Self {
             pool,
             queries: Arc::new(Queries::new(DEFAULT_TABLE)),
-            clock: Arc::new(SystemClock),
         }
     }
 
@@ -153,12 +191,6 @@ impl PostgresStore {
         }
         self.queries = Arc::new(Queries::new(table));
         Ok(self)
-    }
-
-    /// Reads the time from `clock` instead of the system clock.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
     }
 
     /// The connection pool (share it with your handlers).
@@ -256,18 +288,16 @@ impl IdempotencyStore for PostgresStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         // A claim that loses the insert race and then finds the row gone (it
         // was released in between) simply tries again; a few rounds suffice.
+        check_ids(req.scope, req.key)?;
         for _ in 0..8 {
-            let now = self.clock.now();
             let lease = LeaseToken::new_random();
-            let lock_cutoff = now.checked_sub(req.lock_timeout).unwrap_or(UNIX_EPOCH);
             let claimed = sqlx::query(&self.queries.claim)
                 .bind(req.scope)
                 .bind(req.key)
                 .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(secs(now))
+                .bind(interval_secs(req.ttl))
                 .bind(lease.0.to_string())
-                .bind(secs(now + req.ttl))
-                .bind(secs(lock_cutoff))
+                .bind(interval_secs(req.lock_timeout))
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(db_err("claiming idempotency key"))?;
@@ -332,6 +362,22 @@ impl IdempotencyStore for PostgresStore {
             .await
     }
 
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(&self.queries.extend)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(db_err("extending the lease of an idempotency key"))?;
+        Ok(result.rows_affected() == 1)
+    }
+
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
         let result = sqlx::query(&self.queries.release)
             .bind(scope)
@@ -345,7 +391,6 @@ impl IdempotencyStore for PostgresStore {
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
         let result = sqlx::query(&self.queries.sweep)
-            .bind(secs(self.clock.now()))
             .execute(&self.pool)
             .await
             .map_err(db_err("sweeping expired idempotency keys"))?;

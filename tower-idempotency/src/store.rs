@@ -149,30 +149,50 @@ pub enum ClaimOutcome {
 }
 
 /// Error reported by a store backend.
+///
+/// Either *transient* (the store could not be reached, a pool or a statement
+/// timed out, the server is restarting: the same request may succeed later,
+/// and the layer answers `503` with `Retry-After`) or *permanent* (anything
+/// else: the layer answers `500`, without inviting a retry).
 #[derive(Debug)]
 pub struct StoreError {
     message: String,
+    transient: bool,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl StoreError {
-    /// An error with a message only.
+    /// A permanent error with a message only.
     pub fn msg(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
+            transient: false,
             source: None,
         }
     }
 
-    /// An error wrapping a backend error.
+    /// A permanent error wrapping a backend error.
     pub fn with_source(
         message: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
         Self {
             message: message.into(),
+            transient: false,
             source: Some(Box::new(source)),
         }
+    }
+
+    /// Marks the error as transient: retrying later may succeed.
+    pub fn transient(mut self) -> Self {
+        self.transient = true;
+        self
+    }
+
+    /// Whether retrying later may succeed (connection lost, pool exhausted,
+    /// timeout, server restarting).
+    pub fn is_transient(&self) -> bool {
+        self.transient
     }
 }
 
@@ -191,6 +211,25 @@ impl std::error::Error for StoreError {
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
     }
+}
+
+/// Longest scope or key a store accepts, in bytes. The layer stores a
+/// 64-character digest as the scope and keys of at most 255 characters; the
+/// limit protects stores used directly.
+pub const MAX_STORED_ID_LEN: usize = 512;
+
+/// Refuses a scope or key longer than [`MAX_STORED_ID_LEN`], with a
+/// permanent error (retrying cannot help).
+pub(crate) fn check_ids(scope: &str, key: &str) -> Result<(), StoreError> {
+    for (what, value) in [("scope", scope), ("key", key)] {
+        if value.len() > MAX_STORED_ID_LEN {
+            return Err(StoreError::msg(format!(
+                "the {what} is {} bytes long; stores accept at most {MAX_STORED_ID_LEN}",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Persistent state behind [`IdempotencyLayer`](crate::IdempotencyLayer).
@@ -221,6 +260,19 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
 
+    /// Extends the lease of an in-progress claim held with `lease`: its lock
+    /// counts as taken now (a heartbeat). The layer calls it periodically
+    /// while the handler runs, so a live handler is never taken over and a
+    /// dead one's claim frees one lock timeout after its last heartbeat.
+    ///
+    /// Returns `Ok(false)` when the lease is no longer current.
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError>;
+
     /// Deletes an in-progress claim held with `lease` so that a retry can run.
     ///
     /// Returns `Ok(false)` when the lease is no longer current.
@@ -243,6 +295,14 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         (**self).complete(scope, key, lease, response).await
+    }
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        (**self).extend_lease(scope, key, lease).await
     }
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
         (**self).release(scope, key, lease).await
@@ -287,10 +347,10 @@ impl ManualClock {
         }
     }
 
-    /// Moves the clock forward by `by`.
+    /// Moves the clock forward by `by` (not at all if that overflows).
     pub fn advance(&self, by: Duration) {
         let mut now = self.now.lock().unwrap_or_else(|p| p.into_inner());
-        *now += by;
+        *now = now.checked_add(by).unwrap_or(*now);
     }
 
     /// Sets the clock to `to`.

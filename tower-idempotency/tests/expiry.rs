@@ -5,14 +5,14 @@ use std::time::Duration;
 use support::{app, post, send, Harness};
 use tower_idempotency::{spawn_sweeper, IdempotencyStore, ManualClock, MemoryStore};
 
-both_stores!(expired_key_runs_again, custom_expiry_window);
+both_stores!(expired_key_runs_again, custom_expiry_window, sweep);
 
 async fn expired_key_runs_again(h: Harness) {
     let (router, state) = app(h.layer());
     assert_eq!(send(&router, post("k", "a")).await.status, 201);
-    h.clock.advance(Duration::from_secs(24 * 3600 - 1));
+    h.advance(Duration::from_secs(24 * 3600 - 1)).await;
     assert!(send(&router, post("k", "a")).await.replayed());
-    h.clock.advance(Duration::from_secs(2));
+    h.advance(Duration::from_secs(2)).await;
     // Past 24 h the key is forgotten: even a different body is a new request.
     let again = send(&router, post("k", "b")).await;
     assert_eq!(again.status, 201);
@@ -21,11 +21,11 @@ async fn expired_key_runs_again(h: Harness) {
 }
 
 async fn custom_expiry_window(h: Harness) {
-    let (router, state) = app(h.layer().expiry(Duration::from_secs(60)));
+    let (router, state) = app(h.builder().expiry(Duration::from_secs(60)).build().unwrap());
     assert_eq!(send(&router, post("k", "a")).await.status, 201);
-    h.clock.advance(Duration::from_secs(59));
+    h.advance(Duration::from_secs(59)).await;
     assert!(send(&router, post("k", "a")).await.replayed());
-    h.clock.advance(Duration::from_secs(1));
+    h.advance(Duration::from_secs(1)).await;
     assert!(!send(&router, post("k", "a")).await.replayed());
     assert_eq!(state.runs(), 2);
 }
@@ -36,27 +36,15 @@ async fn sweep(h: Harness) {
         assert_eq!(send(&router, post(key, "x")).await.status, 201);
     }
     assert_eq!(h.store.sweep_expired().await.unwrap(), 0);
-    h.clock.advance(Duration::from_secs(12 * 3600));
+    h.advance(Duration::from_secs(12 * 3600)).await;
     assert_eq!(send(&router, post("d", "x")).await.status, 201);
-    h.clock.advance(Duration::from_secs(12 * 3600));
+    h.advance(Duration::from_secs(12 * 3600)).await;
     // a, b, c are exactly 24 h old: expired. d is 12 h old.
     assert_eq!(h.store.sweep_expired().await.unwrap(), 3);
     assert_eq!(h.store.sweep_expired().await.unwrap(), 0);
     assert!(send(&router, post("d", "x")).await.replayed());
     assert!(!send(&router, post("a", "x")).await.replayed());
     assert_eq!(state.runs(), 5);
-    h.drop_table().await;
-}
-
-#[tokio::test]
-async fn sweep_memory() {
-    sweep(Harness::memory().await).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sweep_postgres() {
-    // Sweeping deletes across scopes, so it gets a private table.
-    sweep(Harness::postgres_private().await).await
 }
 
 #[tokio::test]

@@ -37,8 +37,10 @@ async fn different_path_or_method_is_422(h: Harness) {
 
 async fn fingerprint_headers_count(h: Harness) {
     let layer = h
-        .layer()
-        .fingerprint_headers([HeaderName::from_static("x-currency")]);
+        .builder()
+        .fingerprint_headers([HeaderName::from_static("x-currency")])
+        .build()
+        .unwrap();
     let (router, state) = app(layer);
     let eur = || {
         req(

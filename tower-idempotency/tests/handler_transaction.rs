@@ -45,6 +45,7 @@ async fn create(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_completes_key_in_its_transaction() {
     let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
     let store = h.pg.clone().unwrap();
     let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
     sqlx::query(&format!(
@@ -60,7 +61,14 @@ async fn handler_completes_key_in_its_transaction() {
     let router = Router::new()
         .route("/payments", post_route(create))
         .with_state(state)
-        .layer(h.layer());
+        // This handler answers 503 only after rolling back: no effect, so
+        // its 503 may free the key (by default a 503 is stored).
+        .layer(
+            h.builder()
+                .release_statuses([StatusCode::SERVICE_UNAVAILABLE])
+                .build()
+                .unwrap(),
+        );
 
     let first = send(&router, post("k", "pay")).await;
     assert_eq!(first.status, 201);
@@ -72,7 +80,7 @@ async fn handler_completes_key_in_its_transaction() {
     assert_eq!(replay.json()["stored"], "in-tx");
 
     // A rolled-back transaction leaves neither effect nor stored response,
-    // and the transient answer releases the key.
+    // and the configured release status frees the key.
     let rolled = send(&router, post("r", "rollback")).await;
     assert_eq!(rolled.status, 503);
     let rolled_again = send(&router, post("r", "rollback")).await;
@@ -87,4 +95,5 @@ async fn handler_completes_key_in_its_transaction() {
         .execute(store.pool())
         .await
         .unwrap();
+    cleanup.run().await;
 }

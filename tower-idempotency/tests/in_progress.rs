@@ -40,7 +40,11 @@ async fn in_progress_is_409_with_retry_after(h: Harness) {
 }
 
 async fn retry_after_is_configurable(h: Harness) {
-    let layer = h.layer().retry_after(Duration::from_millis(4500));
+    let layer = h
+        .builder()
+        .retry_after(Duration::from_millis(4500))
+        .build()
+        .unwrap();
     let probe = hold_and_probe(layer).await;
     probe.assert_problem(409);
     assert_eq!(probe.headers["retry-after"], "5");

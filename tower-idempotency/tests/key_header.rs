@@ -58,8 +58,10 @@ async fn quoted_key_is_the_same_key(h: Harness) {
 
 async fn custom_header_name(h: Harness) {
     let layer = h
-        .layer()
-        .header_name(HeaderName::from_static("x-request-key"));
+        .builder()
+        .header_name(HeaderName::from_static("x-request-key"))
+        .build()
+        .unwrap();
     let (router, state) = app(layer);
     send(&router, post("k", "a")).await.assert_problem(400);
     let make = || req("POST", "/payments", None, "a", &[("x-request-key", "k")]);
@@ -69,7 +71,7 @@ async fn custom_header_name(h: Harness) {
 }
 
 async fn optional_key_passes_through(h: Harness) {
-    let (router, state) = app(h.layer().require_key(false));
+    let (router, state) = app(h.builder().require_key(false).build().unwrap());
     assert_eq!(
         send(&router, req("POST", "/payments", None, "a", &[]))
             .await

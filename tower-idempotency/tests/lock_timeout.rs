@@ -1,22 +1,94 @@
-//! A claim abandoned by a dead server is taken over after the lock timeout.
+//! Leases: a live handler extends its lease and is never taken over; a claim
+//! whose owner died (no heartbeat) is taken over after the lock timeout.
 mod support;
+use std::sync::Arc;
 use std::time::Duration;
-use support::{app, post, send, Harness};
+use support::{app, post, req, send, Faulty, Harness};
 use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, StoredResponse};
 
 both_stores!(
-    abandoned_claim_is_taken_over,
+    live_handler_is_not_taken_over,
+    dead_owner_is_taken_over,
     takeover_needs_same_fingerprint
 );
 
-/// Leaves a claim for `key` in progress, as a server that crashed after
-/// claiming would, with a fingerprint that no request of this test matches.
-async fn crashed_claim(h: &Harness, key: &str) -> tower_idempotency::LeaseToken {
+fn waiting() -> axum::http::Request<axum::body::Body> {
+    req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")])
+}
+
+async fn live_handler_is_not_taken_over(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    let layer = tower_idempotency::IdempotencyLayer::builder_from_arc(store.clone())
+        .lock_timeout(Duration::from_secs(3))
+        .heartbeat_every(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let started = state.started.notified();
+    let r = router.clone();
+    let slow = tokio::spawn(async move { send(&r, waiting()).await });
+    started.await;
+    // The handler runs far past the lock timeout ...
+    for _ in 0..3 {
+        h.advance(Duration::from_secs(10)).await;
+        // ... but keeps extending its lease (two extensions, so at least one
+        // began after the clock moved) ...
+        store
+            .wait_extends(store.extends.load(std::sync::atomic::Ordering::SeqCst), 2)
+            .await;
+        // ... so a retry is told to wait, never run.
+        send(&router, post("k", "a")).await.assert_problem(409);
+    }
+    state.proceed.notify_one();
+    let first = slow.await.unwrap();
+    assert_eq!(first.status, 201);
+    let replay = send(&router, post("k", "a")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(state.runs(), 1, "{}: a live handler was taken over", h.name);
+}
+
+async fn dead_owner_is_taken_over(h: Harness) {
+    // Replica A claims and then never extends its lease (it died, or is cut
+    // off from the store); replica B shares the store with the defaults.
+    let mut dead = Faulty::new(h.store.clone());
+    dead.no_heartbeat = true;
+    let scope = h.scope.clone();
+    let replica_a = tower_idempotency::IdempotencyLayer::builder(dead)
+        .scope_with(move |_| format!("{scope}/"))
+        .build()
+        .unwrap();
+    let (router_a, state_a) = app(replica_a);
+    let (router_b, state_b) = app(h.layer());
+    let started = state_a.started.notified();
+    let stuck = tokio::spawn(async move { send(&router_a, waiting()).await });
+    started.await;
+    // Within the default lock timeout (5 s) the key is busy.
+    h.advance(Duration::from_secs(4)).await;
+    send(&router_b, post("k", "a")).await.assert_problem(409);
+    // After it, replica B takes the claim over and runs the handler.
+    h.advance(Duration::from_secs(2)).await;
+    let taken = send(&router_b, post("k", "a")).await;
+    assert_eq!(taken.status, 201, "{}: {:?}", h.name, taken.body);
+    assert!(!taken.replayed());
+    // Replica A finishing late does not overwrite the stored response.
+    state_a.proceed.notify_one();
+    assert_eq!(stuck.await.unwrap().status, 201);
+    let replay = send(&router_b, post("k", "a")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, taken.body);
+    assert_eq!(state_a.runs() + state_b.runs(), 2);
+}
+
+async fn takeover_needs_same_fingerprint(h: Harness) {
+    // A claim left by a crashed server, with a fingerprint no request of
+    // this test matches.
+    let scope = h.stored_scope("");
     let outcome = h
         .store
         .claim(ClaimRequest {
-            scope: &format!("{}/", h.scope),
-            key,
+            scope: &scope,
+            key: "k2",
             fingerprint: Fingerprint([0; 32]),
             lock_timeout: Duration::from_secs(30),
             ttl: Duration::from_secs(24 * 3600),
@@ -26,59 +98,18 @@ async fn crashed_claim(h: &Harness, key: &str) -> tower_idempotency::LeaseToken 
     let ClaimOutcome::Claimed(lease) = outcome else {
         panic!("expected to claim a new key, got {outcome:?}")
     };
-    lease
-}
-
-async fn abandoned_claim_is_taken_over(h: Harness) {
-    let (router, state) = app(h.layer().lock_timeout(Duration::from_secs(30)));
-    // Simulate a crashed server: it claimed and will never answer. We hold
-    // the claim by starting a request that waits forever, then forget it
-    // (no drop: the task keeps waiting, so nothing releases the claim).
-    let started = state.started.notified();
-    let r = router.clone();
-    let stuck = tokio::spawn(async move {
-        send(
-            &r,
-            support::req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")]),
-        )
-        .await
-    });
-    started.await;
-    let busy = send(&router, post("k", "a")).await;
-    busy.assert_problem(409);
-    // 29 s later: still locked.
-    h.clock.advance(Duration::from_secs(29));
-    send(&router, post("k", "a")).await.assert_problem(409);
-    // After the lock timeout the retry takes the claim over and runs.
-    h.clock.advance(Duration::from_secs(2));
-    let taken = send(&router, post("k", "a")).await;
-    assert_eq!(taken.status, 201);
-    assert!(!taken.replayed());
-    assert_eq!(state.runs(), 2);
-    // The stale owner finishing late does not overwrite the stored response.
-    state.proceed.notify_one();
-    let late = stuck.await.unwrap();
-    assert_eq!(late.status, 201);
-    let replay = send(&router, post("k", "a")).await;
-    assert!(replay.replayed());
-    assert_eq!(replay.body, taken.body);
-    assert_eq!(state.runs(), 2, "{}", h.name);
-}
-
-async fn takeover_needs_same_fingerprint(h: Harness) {
-    let lease = crashed_claim(&h, "k2").await;
     let (router, state) = app(h.layer());
-    // The claim was made with another fingerprint: 422 before and after the
-    // lock timeout (the key stays bound to its first request until expiry).
+    // 422 before and after the lock timeout (the key stays bound to its
+    // first request until expiry).
     send(&router, post("k2", "a")).await.assert_problem(422);
-    h.clock.advance(Duration::from_secs(60));
+    h.advance(Duration::from_secs(60)).await;
     send(&router, post("k2", "a")).await.assert_problem(422);
     assert_eq!(state.runs(), 0);
     // The stale lease can still be completed while nobody took it over.
     let stored = StoredResponse::json(201, "{}");
     assert!(h
         .store
-        .complete(&format!("{}/", h.scope), "k2", lease, &stored)
+        .complete(&scope, "k2", lease, &stored)
         .await
         .unwrap());
 }

@@ -32,5 +32,6 @@ async fn context_reaches_handler(h: Harness) {
         .layer(h.layer());
     let reply = send(&router, post("ctx-key", "")).await;
     assert_eq!(reply.status, 200);
-    assert_eq!(reply.body, format!("{}/|ctx-key", h.scope));
+    // The handler sees the stored scope: a digest, never the caller identity.
+    assert_eq!(reply.body, format!("{}|ctx-key", h.stored_scope("")));
 }

@@ -19,7 +19,7 @@ async fn get_passes_through(h: Harness) {
 }
 
 async fn configured_methods(h: Harness) {
-    let (router, state) = app(h.layer().methods([Method::PUT]));
+    let (router, state) = app(h.builder().methods([Method::PUT]).build().unwrap());
     send(&router, req("PUT", "/payments", None, "", &[]))
         .await
         .assert_problem(400);

@@ -21,7 +21,8 @@ async fn replay_is_identical(h: Harness) {
 }
 
 async fn replay_keeps_non_2xx_final_responses(h: Harness) {
-    // A 4xx other than 429 is a final answer: stored and replayed.
+    // A 4xx outside the release statuses (400, 415, 422) is a final answer:
+    // stored and replayed.
     let (router, state) = app(h.layer());
     let make = || {
         req(
@@ -29,12 +30,12 @@ async fn replay_keeps_non_2xx_final_responses(h: Harness) {
             "/payments",
             Some("bad-1"),
             "x",
-            &[("x-status", "400")],
+            &[("x-status", "404")],
         )
     };
-    assert_eq!(send(&router, make()).await.status, 400);
+    assert_eq!(send(&router, make()).await.status, 404);
     let again = send(&router, make()).await;
-    assert_eq!(again.status, 400);
+    assert_eq!(again.status, 404);
     assert!(again.replayed());
     assert_eq!(state.runs(), 1);
 }

@@ -1,11 +1,15 @@
-//! Body size limits: 413 for large requests, 500 + release for large responses.
+//! Body size limits: 413 for large requests (nothing claimed); a response too
+//! large to keep completes the key with a marker (never runs again).
 mod support;
 use support::{app, post, req, send, Harness};
 
-both_stores!(large_request_is_413, large_response_is_500_and_released);
+both_stores!(
+    large_request_is_413,
+    large_response_keeps_the_key_with_a_marker
+);
 
 async fn large_request_is_413(h: Harness) {
-    let (router, state) = app(h.layer().max_request_body_bytes(16));
+    let (router, state) = app(h.builder().max_request_body_bytes(16).build().unwrap());
     send(&router, post("k", &"x".repeat(17)))
         .await
         .assert_problem(413);
@@ -14,23 +18,18 @@ async fn large_request_is_413(h: Harness) {
     assert_eq!(send(&router, post("k", &"x".repeat(16))).await.status, 201);
 }
 
-async fn large_response_is_500_and_released(h: Harness) {
-    let (router, state) = app(h.layer().max_response_body_bytes(100));
-    let big = send(
-        &router,
-        req("POST", "/payments", Some("k"), "a", &[("x-size", "101")]),
-    )
-    .await;
-    let doc = big.assert_problem(500);
+async fn large_response_keeps_the_key_with_a_marker(h: Harness) {
+    let (router, state) = app(h.builder().max_response_body_bytes(100).build().unwrap());
+    let make = |size: &str| req("POST", "/payments", Some("k"), "a", &[("x-size", size)]);
+    let big = send(&router, make("101")).await;
+    let doc = big.assert_problem(410);
+    assert_eq!(doc["code"], "response_not_retained");
     assert!(doc["detail"].as_str().unwrap().contains("100 bytes"));
-    // The key was released, so a retry runs the handler again.
-    let ok = send(
-        &router,
-        req("POST", "/payments", Some("k"), "a", &[("x-size", "100")]),
-    )
-    .await;
-    assert_eq!(ok.status, 201);
-    assert_eq!(ok.body.len(), 100);
-    assert!(send(&router, post("k", "a")).await.replayed());
-    assert_eq!(state.runs(), 2);
+    assert!(!big.replayed());
+    // The handler ran (its effect happened): the retry never runs it again,
+    // it gets the marker, replayed.
+    let retry = send(&router, make("100")).await;
+    assert_eq!(retry.assert_problem(410), doc);
+    assert!(retry.replayed());
+    assert_eq!(state.runs(), 1, "{}: the effect ran twice", h.name);
 }

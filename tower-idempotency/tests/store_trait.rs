@@ -115,12 +115,12 @@ async fn release_and_reclaim(h: Harness) {
 async fn lock_timeout_takeover(h: Harness) {
     let s = h.scope.as_str();
     let stale = claimed(&h, "k", A).await;
-    h.clock.advance(Duration::from_secs(29));
+    h.advance(Duration::from_secs(29)).await;
     assert!(matches!(
         h.store.claim(claim_req(s, "k", A)).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
-    h.clock.advance(Duration::from_secs(1));
+    h.advance(Duration::from_secs(1)).await;
     // Different fingerprint never takes over.
     assert_eq!(
         h.store.claim(claim_req(s, "k", B)).await.unwrap(),
@@ -145,12 +145,12 @@ async fn expiry(h: Harness) {
     let s = h.scope.as_str();
     let lease = claimed(&h, "k", A).await;
     assert!(h.store.complete(s, "k", lease, &response()).await.unwrap());
-    h.clock.advance(Duration::from_secs(3599));
+    h.advance(Duration::from_secs(3599)).await;
     assert!(matches!(
         h.store.claim(claim_req(s, "k", B)).await.unwrap(),
         ClaimOutcome::Completed { .. }
     ));
-    h.clock.advance(Duration::from_secs(1));
+    h.advance(Duration::from_secs(1)).await;
     // Expired: claimable again, with any fingerprint.
     claimed(&h, "k", B).await;
 }

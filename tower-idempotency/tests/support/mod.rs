@@ -16,14 +16,13 @@ use http_body_util::BodyExt;
 use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_idempotency::{
-    IdempotencyLayer, IdempotencyStore, ManualClock, MemoryStore, PostgresStore,
+    IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyStore, ManualClock, MemoryStore,
+    PostgresStore,
 };
 
-/// Table shared by the PostgreSQL tests; every test uses its own scopes.
-pub const SHARED_TABLE: &str = "tower_idem_test_keys";
-
 /// Runs the given async test functions (each `async fn(Harness)`) once per
-/// store: `mod NAME { memory, postgres }`.
+/// store: `mod NAME { memory, postgres }`. Each PostgreSQL run gets a private
+/// table (so moving its time cannot disturb another test), dropped at the end.
 #[macro_export]
 macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {$(
@@ -34,18 +33,23 @@ macro_rules! both_stores {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn postgres() {
-                super::$name($crate::support::Harness::postgres().await).await
+                let h = $crate::support::Harness::postgres().await;
+                let cleanup = h.cleanup();
+                super::$name(h).await;
+                cleanup.run().await;
             }
         }
     )*};
 }
 
-/// A store under test with its manual clock and a unique scope prefix.
+/// A store under test with a way to move its time and a unique scope prefix.
 pub struct Harness {
     pub name: &'static str,
     pub store: Arc<dyn IdempotencyStore>,
+    /// The memory store's clock (PostgreSQL uses the database's: see
+    /// [`Harness::advance`]).
     pub clock: Arc<ManualClock>,
-    /// Unique per test, so tests sharing a database table never collide.
+    /// Unique per test, so tests sharing a store never collide.
     pub scope: String,
     pub pg: Option<PostgresStore>,
 }
@@ -55,33 +59,71 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-/// Connects to the test database or fails the test with instructions.
-pub async fn pg_store(table: &str, clock: Arc<ManualClock>) -> PostgresStore {
+/// Whether PostgreSQL answered the first probe of this test binary; probed
+/// once with a short timeout so a stopped server fails every test at once
+/// with one message instead of a long wait per test.
+async fn probe_postgres() -> &'static Result<(), String> {
+    static PROBE: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
+    PROBE
+        .get_or_init(|| async {
+            let url = database_url();
+            let connect = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(2))
+                .connect(&url);
+            match tokio::time::timeout(Duration::from_secs(3), connect).await {
+                Ok(Ok(pool)) => {
+                    pool.close().await;
+                    Ok(())
+                }
+                Ok(Err(err)) => Err(format!("{err}")),
+                Err(_) => Err("no answer within 3 s".to_owned()),
+            }
+        })
+        .await
+}
+
+/// Connects to the test database or fails the test with one clear message
+/// naming the URL used.
+pub async fn pg_store(table: &str) -> PostgresStore {
     let url = database_url();
+    if let Err(err) = probe_postgres().await {
+        panic!(
+            "PostgreSQL is not reachable at DATABASE_URL={url} ({err}). Start it with \
+             `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
+             (and `createdb -h 127.0.0.1 -U postgres test` once), or point DATABASE_URL at \
+             another server."
+        );
+    }
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(16)
+        .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
         .connect(&url)
         .await
-        .unwrap_or_else(|err| {
-            panic!(
-                "PostgreSQL is not reachable at {url} ({err}).\n\
-                 These tests need it. Start it with:\n    \
-                 pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
-                 and make sure the database exists (createdb -U postgres test), \
-                 or point DATABASE_URL at another server."
-            )
-        });
+        .unwrap_or_else(|err| panic!("PostgreSQL at DATABASE_URL={url}: {err}"));
     let store = PostgresStore::new(pool)
         .with_table(table)
-        .expect("valid table name")
-        .with_clock(clock);
+        .expect("valid table name");
     store.migrate().await.expect("migrating the test table");
     store
 }
 
-fn unique(prefix: &str) -> String {
+pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Drops a PostgreSQL harness's private table.
+pub struct Cleanup(Option<PostgresStore>);
+
+impl Cleanup {
+    pub async fn run(self) {
+        if let Some(pg) = self.0 {
+            sqlx::query(&format!("DROP TABLE IF EXISTS {}", pg.table()))
+                .execute(pg.pool())
+                .await
+                .expect("drop test table");
+        }
+    }
 }
 
 impl Harness {
@@ -96,45 +138,49 @@ impl Harness {
         }
     }
 
-    /// PostgreSQL harness on the shared test table.
+    /// PostgreSQL harness on a private table; drop it with
+    /// [`Harness::cleanup`].
     pub async fn postgres() -> Self {
-        Self::postgres_on(SHARED_TABLE).await
-    }
-
-    /// PostgreSQL harness on a private table (for sweep tests, which delete
-    /// across scopes). Drop it with [`Harness::drop_table`].
-    pub async fn postgres_private() -> Self {
-        Self::postgres_on(&unique("tower_idem_t_")).await
-    }
-
-    async fn postgres_on(table: &str) -> Self {
-        let clock = Arc::new(ManualClock::new());
-        let store = pg_store(table, clock.clone()).await;
+        let store = pg_store(&unique("tower_idem_t_")).await;
         Self {
             name: "postgres",
             store: Arc::new(store.clone()),
-            clock,
+            clock: Arc::new(ManualClock::new()),
             scope: unique("t"),
             pg: Some(store),
         }
     }
 
-    pub async fn drop_table(&self) {
-        if let Some(pg) = &self.pg {
-            if pg.table() != SHARED_TABLE {
-                sqlx::query(&format!("DROP TABLE IF EXISTS {}", pg.table()))
-                    .execute(pg.pool())
-                    .await
-                    .expect("drop test table");
+    pub fn cleanup(&self) -> Cleanup {
+        Cleanup(self.pg.clone())
+    }
+
+    /// Moves this store's time forward by `by`: the manual clock of the
+    /// memory store; for PostgreSQL, whose leases use the database's
+    /// `now()`, every timestamp of the private table moves back instead.
+    pub async fn advance(&self, by: Duration) {
+        match &self.pg {
+            None => self.clock.advance(by),
+            Some(pg) => {
+                sqlx::query(&format!(
+                    "UPDATE {} SET created_at = created_at - make_interval(secs => $1), \
+                     locked_at = locked_at - make_interval(secs => $1), \
+                     expires_at = expires_at - make_interval(secs => $1)",
+                    pg.table()
+                ))
+                .bind(by.as_secs_f64())
+                .execute(pg.pool())
+                .await
+                .expect("moving the test table's time");
             }
         }
     }
 
-    /// A layer on this store whose scope is this test's unique scope plus the
-    /// `x-tenant` request header.
-    pub fn layer(&self) -> IdempotencyLayer {
+    /// A builder for a layer on this store whose scope is this test's unique
+    /// scope plus the `x-tenant` request header.
+    pub fn builder(&self) -> IdempotencyLayerBuilder {
         let scope = self.scope.clone();
-        IdempotencyLayer::from_arc(self.store.clone()).scope_with(move |parts| {
+        IdempotencyLayer::builder_from_arc(self.store.clone()).scope_with(move |parts| {
             let tenant = parts
                 .headers
                 .get("x-tenant")
@@ -142,6 +188,22 @@ impl Harness {
                 .unwrap_or("");
             format!("{scope}/{tenant}")
         })
+    }
+
+    /// The layer of [`Harness::builder`] with default settings.
+    pub fn layer(&self) -> IdempotencyLayer {
+        self.builder().build().expect("valid settings")
+    }
+
+    /// The scope the layer stores a request of `tenant` under.
+    pub fn stored_scope(&self, tenant: &str) -> String {
+        let parts = Request::post("/payments")
+            .header("x-tenant", tenant)
+            .body(())
+            .expect("valid request")
+            .into_parts()
+            .0;
+        self.layer().stored_scope(&parts)
     }
 }
 
@@ -295,4 +357,92 @@ pub async fn send_until_not_409(router: &Router, make: impl Fn() -> Request<Body
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     panic!("the key was never released");
+}
+
+/// A store wrapper that counts lease extensions and can simulate faults.
+pub struct Faulty {
+    pub inner: Arc<dyn IdempotencyStore>,
+    /// Number of `extend_lease` calls that reached the inner store.
+    pub extends: AtomicUsize,
+    /// When set, `extend_lease` does nothing (a replica that is dead or cut
+    /// off: its lease is never extended).
+    pub no_heartbeat: bool,
+    /// The next this-many `complete` calls fail.
+    pub failing_completes: AtomicUsize,
+    /// Number of `complete` calls.
+    pub completes: AtomicUsize,
+}
+
+impl Faulty {
+    pub fn new(inner: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            inner,
+            extends: AtomicUsize::new(0),
+            no_heartbeat: false,
+            failing_completes: AtomicUsize::new(0),
+            completes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Waits (bounded) until `n` more leases were extended than `since`.
+    pub async fn wait_extends(&self, since: usize, n: usize) {
+        for _ in 0..5000 {
+            if self.extends.load(Ordering::SeqCst) >= since + n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("the lease was never extended");
+    }
+}
+
+#[async_trait::async_trait]
+impl IdempotencyStore for Faulty {
+    async fn claim(
+        &self,
+        request: tower_idempotency::ClaimRequest<'_>,
+    ) -> Result<tower_idempotency::ClaimOutcome, tower_idempotency::StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: tower_idempotency::LeaseToken,
+        response: &tower_idempotency::StoredResponse,
+    ) -> Result<bool, tower_idempotency::StoreError> {
+        self.completes.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .failing_completes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(tower_idempotency::StoreError::msg("injected failure").transient());
+        }
+        self.inner.complete(scope, key, lease, response).await
+    }
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: tower_idempotency::LeaseToken,
+    ) -> Result<bool, tower_idempotency::StoreError> {
+        if self.no_heartbeat {
+            return Ok(true);
+        }
+        let extended = self.inner.extend_lease(scope, key, lease).await;
+        self.extends.fetch_add(1, Ordering::SeqCst);
+        extended
+    }
+    async fn release(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: tower_idempotency::LeaseToken,
+    ) -> Result<bool, tower_idempotency::StoreError> {
+        self.inner.release(scope, key, lease).await
+    }
+    async fn sweep_expired(&self) -> Result<u64, tower_idempotency::StoreError> {
+        self.inner.sweep_expired().await
+    }
 }

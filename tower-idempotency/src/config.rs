@@ -1,0 +1,299 @@
+//! Every setting of the layer, and the builder that validates them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, HeaderName, Method, StatusCode};
+
+use crate::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
+use crate::scope::ScopeRule;
+use crate::store::IdempotencyStore;
+
+/// Default lock timeout: short, because live handlers extend their lease.
+pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The validated settings shared by a layer and its services.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) header_name: HeaderName,
+    pub(crate) require_key: bool,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) scope: ScopeRule,
+    pub(crate) lock_timeout: Duration,
+    pub(crate) heartbeat_every: Duration,
+    pub(crate) expiry: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) release_statuses: Vec<StatusCode>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            methods: vec![Method::POST, Method::PATCH],
+            header_name: IDEMPOTENCY_KEY,
+            require_key: true,
+            fingerprint_headers: Vec::new(),
+            stored_headers: vec![header::CONTENT_TYPE],
+            scope: ScopeRule::Authorization,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            heartbeat_every: DEFAULT_LOCK_TIMEOUT / 3,
+            expiry: Duration::from_secs(24 * 60 * 60),
+            retry_after: Duration::from_secs(1),
+            max_request_body: 1024 * 1024,
+            max_response_body: 1024 * 1024,
+            release_statuses: vec![
+                StatusCode::BAD_REQUEST,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                StatusCode::UNPROCESSABLE_ENTITY,
+            ],
+        }
+    }
+}
+
+/// A setting of [`IdempotencyLayerBuilder`] that [`build`](IdempotencyLayerBuilder::build)
+/// refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    setting: &'static str,
+    reason: String,
+}
+
+impl ConfigError {
+    fn new(setting: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            setting,
+            reason: reason.into(),
+        }
+    }
+
+    /// The name of the builder method whose value was refused.
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.setting, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Builds an [`IdempotencyLayer`] with non-default settings; see
+/// [`IdempotencyLayer::builder`]. Settings are checked by
+/// [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderName;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+///
+/// let layer = IdempotencyLayer::builder(MemoryStore::new())
+///     .scope_with(|parts| {
+///         parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned()
+///     })
+///     .fingerprint_headers([HeaderName::from_static("x-currency")])
+///     .lock_timeout(Duration::from_secs(10))
+///     .expiry(Duration::from_secs(48 * 3600))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tower_idempotency::ConfigError>(())
+/// ```
+#[must_use = "call build() to get the layer"]
+pub struct IdempotencyLayerBuilder {
+    store: Arc<dyn IdempotencyStore>,
+    config: Config,
+    heartbeat_set: bool,
+}
+
+impl fmt::Debug for IdempotencyLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayerBuilder {
+    pub(crate) fn new(store: Arc<dyn IdempotencyStore>) -> Self {
+        Self {
+            store,
+            config: Config::default(),
+            heartbeat_set: false,
+        }
+    }
+
+    /// Methods the layer applies to (default `POST`, `PATCH`); requests with
+    /// other methods pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Name of the key header (default `Idempotency-Key`).
+    pub fn header_name(mut self, name: HeaderName) -> Self {
+        self.config.header_name = name;
+        self
+    }
+
+    /// Whether a request with a covered method and no key is rejected with 400
+    /// (default `true`); with `false` it passes through without protection.
+    pub fn require_key(mut self, require: bool) -> Self {
+        self.config.require_key = require;
+        self
+    }
+
+    /// Request headers that are part of the fingerprint, in addition to method,
+    /// path and query, and body (default none).
+    pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.fingerprint_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Response headers stored and replayed (default `content-type`). Header
+    /// values that are not valid text are not stored.
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.stored_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Derives the caller identity that keys are scoped to, instead of the
+    /// default (a SHA-256 digest of the `Authorization` header; requests
+    /// without one share one anonymous scope). Two callers with different
+    /// scopes never see each other's keys, responses or 422s. Derive it from
+    /// authenticated data (a tenant id, the principal an auth layer put in
+    /// the extensions), not from a header the client may choose freely.
+    ///
+    /// The returned string may have any length: the store only sees its
+    /// digest, which never collides with the default scopes.
+    pub fn scope_with<F>(mut self, scope: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> String + Send + Sync + 'static,
+    {
+        self.config.scope = ScopeRule::Custom(Arc::new(scope));
+        self
+    }
+
+    /// An in-progress claim whose lease was not extended for this long is
+    /// considered abandoned (its server died) and a retry with the same
+    /// fingerprint takes it over (default 5 s). A live handler extends its
+    /// lease every [`heartbeat_every`](Self::heartbeat_every), so this bounds
+    /// how long a crashed server's keys answer 409, not how long a handler
+    /// may run. Must be non-zero and at most [`expiry`](Self::expiry);
+    /// `Duration::MAX` means "never taken over".
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.config.lock_timeout = timeout;
+        self
+    }
+
+    /// How often a running handler's lease is extended (default a third of
+    /// the lock timeout). Must be non-zero and shorter than the lock timeout.
+    pub fn heartbeat_every(mut self, every: Duration) -> Self {
+        self.config.heartbeat_every = every;
+        self.heartbeat_set = true;
+        self
+    }
+
+    /// How long a key is remembered (default 24 h, as Stripe). It must exceed
+    /// the client's whole retry horizon (its overall deadline), or a late
+    /// retry would run the handler a second time. Must be non-zero;
+    /// `Duration::MAX` means "as long as the store lives" (stores cap it at
+    /// 100 years).
+    pub fn expiry(mut self, window: Duration) -> Self {
+        self.config.expiry = window;
+        self
+    }
+
+    /// Value of `Retry-After` on `409 Conflict` and `503` (default 1 s,
+    /// rounded up to whole seconds).
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.config.retry_after = after;
+        self
+    }
+
+    /// Largest request body buffered for fingerprinting (default 1 MiB);
+    /// larger bodies get `413 Content Too Large` and claim nothing.
+    pub fn max_request_body_bytes(mut self, limit: usize) -> Self {
+        self.config.max_request_body = limit;
+        self
+    }
+
+    /// Largest response body stored (default 1 MiB). A larger response
+    /// cannot be replayed: the key is completed with a marker and every
+    /// caller, the first included, gets `410` problem+json
+    /// (`response_not_retained`); the handler is never run again for it. Size
+    /// this limit above any response your handlers produce.
+    pub fn max_response_body_bytes(mut self, limit: usize) -> Self {
+        self.config.max_response_body = limit;
+        self
+    }
+
+    /// Handler statuses that free the key instead of being stored, so that a
+    /// retry runs the handler again (default `400`, `415`, `422`: request
+    /// validation that ran before any effect, as Stripe). Every other status
+    /// is stored and replayed, 5xx and 429 included. Add 5xx or 429 here only
+    /// if your handlers guarantee they answered them before any effect.
+    /// Only 4xx and 5xx statuses may be listed.
+    pub fn release_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.config.release_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Checks the settings and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when a duration is zero, the lock
+    /// timeout exceeds the expiry, the heartbeat is not shorter than the lock
+    /// timeout, or a released status is not a 4xx or 5xx.
+    pub fn build(mut self) -> Result<IdempotencyLayer, ConfigError> {
+        let c = &mut self.config;
+        for (setting, value) in [("lock_timeout", c.lock_timeout), ("expiry", c.expiry)] {
+            if value.is_zero() {
+                return Err(ConfigError::new(setting, "must be longer than zero"));
+            }
+        }
+        if c.lock_timeout > c.expiry {
+            return Err(ConfigError::new(
+                "lock_timeout",
+                format!(
+                    "{:?} is longer than the expiry ({:?}): an unfinished claim would expire \
+                     and run again",
+                    c.lock_timeout, c.expiry
+                ),
+            ));
+        }
+        if !self.heartbeat_set {
+            c.heartbeat_every = c.lock_timeout / 3;
+        }
+        if c.heartbeat_every.is_zero() || c.heartbeat_every >= c.lock_timeout {
+            return Err(ConfigError::new(
+                "heartbeat_every",
+                format!(
+                    "{:?} must be longer than zero and shorter than the lock timeout ({:?})",
+                    c.heartbeat_every, c.lock_timeout
+                ),
+            ));
+        }
+        if let Some(status) = c
+            .release_statuses
+            .iter()
+            .find(|s| !(s.is_client_error() || s.is_server_error()))
+        {
+            return Err(ConfigError::new(
+                "release_statuses",
+                format!("{status} is not an error status; releasing it would repeat its effect"),
+            ));
+        }
+        Ok(IdempotencyLayer::from_parts(
+            self.store,
+            Arc::new(self.config),
+        ))
+    }
+}

@@ -1,0 +1,305 @@
+//! The path of a keyed request once its body is read, top to bottom:
+//! fingerprint and scope → claim (or answer from the store's state) → run
+//! the handler while its lease is kept alive → store its response, free the
+//! key, or leave a marker.
+//!
+//! The rule behind every branch: a key is freed only when the handler
+//! provably did no work (it was refused before running, or answered one of
+//! the configured release statuses). Whatever happens after the handler
+//! started (a panic, an error, a response too large to keep, a store that
+//! fails) leaves the key completed, so a retry can never run it twice.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use crate::config::Config;
+use crate::key::fingerprint;
+use crate::layer::{BoxError, IdempotencyContext};
+use crate::problem::{problem, ProblemKind};
+use crate::replay::{marker, retry_after_value, to_response};
+use crate::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, LeaseToken, StoredResponse};
+
+/// Attempts to store a response before falling back to the marker.
+const COMPLETE_ATTEMPTS: u32 = 3;
+/// Pause before the second attempt; doubled for each further one.
+const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
+
+/// Runs a keyed request whose body has been read. Spawned by the service, so
+/// nothing here is cancelled when the client goes away.
+pub(crate) async fn process<S, ReqBody, ResBody>(
+    inner: S,
+    store: Arc<dyn IdempotencyStore>,
+    config: Arc<Config>,
+    mut parts: Parts,
+    body: Bytes,
+    key: String,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
+    let scope = config.scope.stored_scope(&parts);
+    let claimed = store
+        .claim(ClaimRequest {
+            scope: &scope,
+            key: &key,
+            fingerprint,
+            lock_timeout: config.lock_timeout,
+            ttl: config.expiry,
+        })
+        .await;
+    let lease = match answer_without_running(claimed, &config) {
+        Ok(lease) => lease,
+        Err(answer) => return Ok(answer),
+    };
+    parts
+        .extensions
+        .insert(IdempotencyContext::new(&scope, &key, lease));
+    let claim = Claim {
+        store,
+        scope,
+        key,
+        lease,
+    };
+    let request = Request::from_parts(parts, ReqBody::from(body));
+    tokio::select! {
+        done = run_claimed(inner, request, &claim, &config) => done,
+        never = claim.keep_alive(config.heartbeat_every) => match never {},
+    }
+}
+
+/// The lease, or the answer when the key is not ours to run.
+fn answer_without_running<B: From<Bytes>>(
+    claimed: Result<ClaimOutcome, crate::StoreError>,
+    config: &Config,
+) -> Result<LeaseToken, Response<B>> {
+    let retry_after = retry_after_value(config.retry_after);
+    match claimed {
+        Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
+        Ok(ClaimOutcome::Completed {
+            response,
+            fingerprint_matches: true,
+        }) => Err(to_response(response, true)),
+        Ok(ClaimOutcome::InProgress {
+            fingerprint_matches: true,
+        }) => Err(problem(
+            ProblemKind::InProgress,
+            "a request with this idempotency key is still being processed",
+            Some(retry_after),
+        )),
+        Ok(ClaimOutcome::Completed { .. } | ClaimOutcome::InProgress { .. }) => Err(problem(
+            ProblemKind::KeyReused,
+            "this idempotency key was already used with a different request",
+            None,
+        )),
+        Err(err) if err.is_transient() => {
+            tracing::error!(error = %err, "idempotency store unavailable");
+            Err(problem(
+                ProblemKind::StoreUnavailable,
+                "the idempotency store is unavailable; retry later",
+                Some(retry_after),
+            ))
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "idempotency store refused the claim");
+            Err(problem(
+                ProblemKind::StoreFailed,
+                "the idempotency store refused this request; nothing was run",
+                None,
+            ))
+        }
+    }
+}
+
+/// Runs the handler for a claimed key and settles the claim.
+async fn run_claimed<S, ReqBody, ResBody>(
+    mut inner: S,
+    request: Request<ReqBody>,
+    claim: &Claim,
+    config: &Config,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    // A task of its own, so that a panic in the handler ends there and we
+    // can still record that the handler started.
+    let response = match tokio::spawn(inner.call(request)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => {
+            claim
+                .leave_marker(
+                    "the service failed after it started; whether its effect happened is unknown",
+                )
+                .await;
+            return Err(err);
+        }
+        Err(join) => {
+            let what = if join.is_panic() {
+                "panicked"
+            } else {
+                "was cancelled"
+            };
+            let detail = format!(
+                "the handler {what} after it started; whether its effect happened is unknown"
+            );
+            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        }
+    };
+    if config.release_statuses.contains(&response.status()) {
+        claim.release().await;
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    let body = match Limited::new(body, config.max_response_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            let detail = if err.is::<LengthLimitError>() {
+                format!(
+                    "the handler completed with status {} but its response is larger than the \
+                     {} bytes that can be kept for replay",
+                    parts.status.as_u16(),
+                    config.max_response_body
+                )
+            } else {
+                format!(
+                    "the handler completed with status {} but its response body failed: {}",
+                    parts.status.as_u16(),
+                    err
+                )
+            };
+            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        }
+    };
+    let headers = config
+        .stored_headers
+        .iter()
+        .flat_map(|name| {
+            parts.headers.get_all(name).iter().filter_map(move |v| {
+                v.to_str()
+                    .ok()
+                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
+            })
+        })
+        .collect();
+    let stored = StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body: body.clone(),
+    };
+    if !claim.complete(&stored).await {
+        claim
+            .leave_marker(&format!(
+                "the handler completed with status {} but the store failed to keep its response",
+                stored.status
+            ))
+            .await;
+    }
+    Ok(Response::from_parts(parts, ResBody::from(body)))
+}
+
+/// A key this request owns.
+struct Claim {
+    store: Arc<dyn IdempotencyStore>,
+    scope: String,
+    key: String,
+    lease: LeaseToken,
+}
+
+impl Claim {
+    /// Extends the lease every `every`, for as long as it is polled (the
+    /// handler lives); stops extending once the lease is lost.
+    async fn keep_alive(&self, every: Duration) -> Infallible {
+        loop {
+            tokio::time::sleep(every).await;
+            match self
+                .store
+                .extend_lease(&self.scope, &self.key, self.lease)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(
+                        key = self.key,
+                        "idempotency lease lost while the handler ran"
+                    );
+                    return std::future::pending().await;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, key = self.key, "extending an idempotency lease failed")
+                }
+            }
+        }
+    }
+
+    /// Stores `response`, retrying a failing store a few times (the lease is
+    /// kept alive meanwhile). `true` once stored, or once the lease is no
+    /// longer ours (the handler completed the key itself, in its
+    /// transaction, or the claim was taken over).
+    async fn complete(&self, response: &StoredResponse) -> bool {
+        let mut pause = COMPLETE_BACKOFF;
+        for attempt in 1..=COMPLETE_ATTEMPTS {
+            match self
+                .store
+                .complete(&self.scope, &self.key, self.lease, response)
+                .await
+            {
+                Ok(true) => return true,
+                Ok(false) => {
+                    tracing::debug!(
+                        key = self.key,
+                        "idempotency key already completed by the handler or taken over"
+                    );
+                    return true;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, key = self.key, attempt, "storing an idempotent response failed");
+                    if attempt < COMPLETE_ATTEMPTS {
+                        tokio::time::sleep(pause).await;
+                        pause = pause.saturating_mul(2);
+                    }
+                }
+            }
+        }
+        false
+    }
+
+    /// Completes the key with the "response not retained" marker and
+    /// returns it. If even that fails the key stays in progress until its
+    /// lock times out, after which a retry runs the handler again: logged
+    /// as an error.
+    async fn leave_marker(&self, detail: &str) -> StoredResponse {
+        tracing::error!(key = self.key, detail, "idempotent response not retained");
+        let marker = marker(detail);
+        if !self.complete(&marker).await {
+            tracing::error!(
+                key = self.key,
+                "storing the not-retained marker failed; the key frees after the lock timeout"
+            );
+        }
+        marker
+    }
+
+    /// Frees the key: the handler did no work.
+    async fn release(&self) {
+        if let Err(err) = self.store.release(&self.scope, &self.key, self.lease).await {
+            tracing::warn!(error = %err, key = self.key, "releasing an idempotency key failed; it frees after the lock timeout");
+        }
+    }
+}

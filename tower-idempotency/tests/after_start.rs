@@ -1,0 +1,115 @@
+//! Once a handler has started, nothing frees its key: not a dropped request,
+//! a panic, an error of the inner service, nor a store that fails to save the
+//! response. A retry gets the stored response, or the documented marker
+//! (`410`, `response_not_retained`), and never runs the handler again.
+mod support;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use support::{app, post, req, send, send_until_not_409, Faulty, Harness};
+use tower::{Layer, ServiceExt};
+
+both_stores!(
+    dropped_request_keeps_running,
+    panic_leaves_a_marker,
+    service_error_leaves_a_marker,
+    store_failure_is_retried,
+    store_failure_leaves_a_marker
+);
+
+async fn dropped_request_keeps_running(h: Harness) {
+    let (router, state) = app(h.layer());
+    let started = state.started.notified();
+    let r = router.clone();
+    let client = tokio::spawn(async move {
+        send(
+            &r,
+            req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")]),
+        )
+        .await
+    });
+    started.await;
+    send(&router, post("k", "a")).await.assert_problem(409);
+    // The client disconnects: the request future is dropped mid-handler.
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    // The handler still owns the key ...
+    send(&router, post("k", "a")).await.assert_problem(409);
+    state.proceed.notify_one();
+    // ... finishes, and its response is what the retry gets.
+    let retry = send_until_not_409(&router, || post("k", "a")).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.replayed());
+    assert_eq!(state.runs(), 1);
+}
+
+async fn panic_leaves_a_marker(h: Harness) {
+    let (router, state) = app(h.layer());
+    let crashed = send(
+        &router,
+        req("POST", "/payments", Some("k"), "a", &[("x-panic", "1")]),
+    )
+    .await;
+    let doc = crashed.assert_problem(410);
+    assert_eq!(doc["code"], "response_not_retained");
+    assert!(doc["detail"].as_str().unwrap().contains("panicked"));
+    // The handler may have done its effect before panicking: never again.
+    let retry = send(&router, post("k", "a")).await;
+    assert_eq!(retry.assert_problem(410), doc);
+    assert!(retry.replayed());
+    assert_eq!(state.runs(), 1, "{}", h.name);
+}
+
+async fn service_error_leaves_a_marker(h: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let failing = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Err::<Response<Body>, _>(std::io::Error::other("downstream broke")) }
+    });
+    let service = h.layer().layer(failing);
+    let err = service.clone().oneshot(post("k", "a")).await.unwrap_err();
+    assert_eq!(err.to_string(), "downstream broke");
+    let retry = service.oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), 410);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{}", h.name);
+}
+
+async fn store_failure_is_retried(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    store.failing_completes.store(2, Ordering::SeqCst);
+    let layer = tower_idempotency::IdempotencyLayer::builder_from_arc(store.clone())
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let first = send(&router, post("k", "a")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(store.completes.load(Ordering::SeqCst), 3);
+    let retry = send(&router, post("k", "a")).await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(state.runs(), 1);
+}
+
+async fn store_failure_leaves_a_marker(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    // Every attempt to store the response fails; the marker gets through.
+    store.failing_completes.store(3, Ordering::SeqCst);
+    let layer = tower_idempotency::IdempotencyLayer::builder_from_arc(store.clone())
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    // The first caller still gets the handler's response ...
+    let first = send(&router, post("k", "a")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.json()["run"], 1);
+    // ... the retry the marker: the key stayed completed.
+    let retry = send(&router, post("k", "a")).await;
+    let doc = retry.assert_problem(410);
+    assert!(doc["detail"].as_str().unwrap().contains("status 201"));
+    assert!(retry.replayed());
+    assert_eq!(state.runs(), 1, "{}", h.name);
+}
