@@ -263,7 +263,18 @@ async fn run(args: Args) -> Result<(), String> {
     let _sweeper = spawn_sweeper(store.clone(), Duration::from_secs(600));
 
     // The layer's default scope: a digest of the Authorization header.
-    let idempotency = IdempotencyLayer::from_arc(store);
+    let idempotency = IdempotencyLayer::builder_from_arc(store)
+        // Validation statuses, as by default, and this handler's 503: it is
+        // answered only when the payment's transaction did not commit, so a
+        // retry may run the handler again.
+        .release_statuses([
+            StatusCode::BAD_REQUEST,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            StatusCode::SERVICE_UNAVAILABLE,
+        ])
+        .build()
+        .map_err(|e| format!("invalid idempotency settings: {e}"))?;
     let state = AppState {
         backend: Arc::new(backend),
         work: Duration::from_millis(args.work_ms),
