@@ -18,7 +18,8 @@
 //!
 //! `restarting_postgres_loses_and_doubles_nothing` is ignored by default: it
 //! restarts the local PostgreSQL cluster (fast and immediate modes) during a
-//! run, which other tests sharing the database would notice. Run it alone:
+//! run, which other tests sharing the database would notice. Run it alone
+//! (`PAYMENTS` and `RESTARTS` override 6000 and 12):
 //! `cargo test --test exactly_once -- --ignored --nocapture`.
 
 mod support;
@@ -426,8 +427,11 @@ fn restart_postgres(mode: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "restarts the local PostgreSQL; run alone by hand"]
 async fn restarting_postgres_loses_and_doubles_nothing() {
-    const PAYMENTS: usize = 3000;
-    const RESTARTS: usize = 6;
+    let env = |name: &str, default: usize| {
+        std::env::var(name).map_or(default, |v| v.parse().expect("a number"))
+    };
+    let payments = env("PAYMENTS", 6000);
+    let restarts_wanted = env("RESTARTS", 12);
     let [first, second] = replicas().await;
     let (proxy, _) = start_proxy(vec![first.addr, second.addr], FaultRates::NONE, 7).await;
     let policy = RetryPolicy::builder()
@@ -439,32 +443,41 @@ async fn restarting_postgres_loses_and_doubles_nothing() {
         .build()
         .unwrap();
     let metrics = policy.clone();
-    let restarts = tokio::spawn(async {
-        for i in 0..RESTARTS {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+    let done = Arc::new(AtomicUsize::new(0));
+    let counter = done.clone();
+    let restarts = tokio::spawn(async move {
+        for i in 0..restarts_wanted {
+            tokio::time::sleep(Duration::from_secs(1)).await;
             let mode = if i % 2 == 0 { "fast" } else { "immediate" };
             tokio::task::spawn_blocking(move || restart_postgres(mode))
                 .await
                 .unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
         }
     });
-    let seen = pay(
-        &client(policy),
-        &format!("http://{proxy}/payments"),
-        PAYMENTS,
-        20,
-    )
-    .await;
+    let started = std::time::Instant::now();
+    let url = format!("http://{proxy}/payments");
+    let seen = pay(&client(policy), &url, payments, 20).await;
+    let paid = started.elapsed();
+    let during = done.load(Ordering::SeqCst);
     restarts.await.unwrap();
     require_postgres().await;
     let t = tally(&first, &seen).await;
+    eprintln!(
+        "paid in {paid:?}, counted in {:?}",
+        started.elapsed() - paid
+    );
     let m = metrics.metrics().snapshot();
     eprintln!(
-        "{PAYMENTS} payments through {RESTARTS} restarts (fast, immediate alternately): \
+        "{payments} payments through {during} restarts (fast, immediate alternately): \
          {} succeeded; retries {}; replays seen {}; most attempts {}; \
          doubled {}; lost {}; unconfirmed {}",
         t.succeeded, m.retries, t.replays, t.most_attempts, t.doubled, t.lost, t.unconfirmed,
     );
     assert_eq!((t.doubled, t.lost), (0, 0), "{t:?}");
     assert!(m.retries > 0, "no restart was felt by the client");
+    assert_eq!(
+        during, restarts_wanted,
+        "the payments ended before the restarts: raise PAYMENTS"
+    );
 }
