@@ -260,7 +260,14 @@ where
             // own: once a handler has started, a client that disconnects
             // (hyper drops this future) neither cancels it nor frees its
             // key, and its response is stored for the retry.
-            let task = tokio::spawn(process(inner, store, config, parts, body, key));
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                return Ok(problem(
+                    ProblemKind::Internal,
+                    "the idempotency layer must run on a tokio runtime",
+                    None,
+                ));
+            };
+            let task = runtime.spawn(process(inner, store, config, parts, body, key));
             match task.await {
                 Ok(result) => result,
                 // `process` catches the handler's panics; this is the runtime

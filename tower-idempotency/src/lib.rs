@@ -41,48 +41,86 @@
 //! `PATCH`) pass through untouched. For the others the layer reads the key
 //! (bare `abc` or structured-field string `"abc"`), buffers the body,
 //! computes a SHA-256 [`Fingerprint`] of method, path and query, selected
-//! headers and body, and atomically claims `(scope, key)` in the
-//! [`IdempotencyStore`]:
+//! headers and body, derives the caller's scope, and atomically claims
+//! `(scope, key)` in the [`IdempotencyStore`]:
 //!
-//! | store state                         | answer                                                |
-//! |-------------------------------------|-------------------------------------------------------|
-//! | no record (or expired)              | run the handler once, store its final response        |
-//! | completed, same fingerprint         | replay the stored response + `Idempotent-Replayed: true` |
-//! | completed, different fingerprint    | `422` problem+json                                    |
-//! | in progress, different fingerprint  | `422` problem+json                                    |
-//! | in progress, same fingerprint       | `409` problem+json + `Retry-After`                    |
-//! | in progress, lock timed out         | taken over: the handler runs again                   |
-//! | missing / empty / >255 chars key    | `400` problem+json                                    |
+//! | store state                           | answer                                                   |
+//! |---------------------------------------|----------------------------------------------------------|
+//! | no record (or expired)                | run the handler once, keep its final response            |
+//! | completed, same fingerprint           | replay the stored response + `Idempotent-Replayed: true` |
+//! | completed, different fingerprint      | `422` problem+json                                       |
+//! | in progress, different fingerprint    | `422` problem+json                                       |
+//! | in progress, same fingerprint         | `409` problem+json + `Retry-After`                       |
+//! | in progress, lease not extended for the lock timeout | taken over: the handler runs              |
+//! | missing / empty / >255 chars key      | `400` problem+json, nothing claimed                      |
+//! | store unreachable (transient)         | `503` problem+json + `Retry-After`, nothing run          |
+//! | store refuses (permanent)             | `500` problem+json, nothing run                          |
 //!
-//! Transient responses (5xx, 429) are not stored: the claim is released so a
-//! retry runs the handler again. So is a claim whose handler panicked, whose
-//! inner service returned an error, or whose request future was dropped.
+//! # After the handler started
+//!
+//! The claimed request runs in a spawned task: a client that disconnects
+//! (a client-side timeout) cancels nothing and frees nothing; a retry gets
+//! `409` while the handler works and the replay afterwards. While it runs,
+//! the layer extends the claim's lease (a heartbeat every third of the lock
+//! timeout), so a live handler is never taken over, however slow.
+//!
+//! A key is freed only when the handler provably did no work: the
+//! request-validation statuses `400`, `415` and `422` (configurable with
+//! [`IdempotencyLayerBuilder::release_statuses`]). Every other answer is
+//! stored, `5xx` and `429` included (the handler may have done its effect
+//! before failing, as Stripe assumes). When the response cannot be kept (a
+//! body over [`IdempotencyLayerBuilder::max_response_body_bytes`], a store
+//! that fails three times to save it) or the handler's outcome is unknown (it
+//! panicked, the inner service returned an error), the key is completed with
+//! a marker: every retry gets `410` problem+json with code
+//! `response_not_retained`, replayed, and the handler never runs again for
+//! that key.
+//!
+//! # What is guaranteed, for which handlers
+//!
+//! * **Exactly once**: a PostgreSQL handler that writes its effect and
+//!   completes the key in one transaction
+//!   (`PostgresStore::complete_in_tx`, with the [`IdempotencyContext`] found
+//!   in the request extensions). The effect and the stored response commit
+//!   or roll back together, so no crash can separate them.
+//! * **At most once per lease** for every other handler (MemoryStore, or an
+//!   effect outside the database such as a call to a payment processor): the
+//!   effect runs at most once while its server lives. If the server dies
+//!   between the effect and storing the response, the lease expires one lock
+//!   timeout later and a retry runs the handler again. Make such effects
+//!   idempotent downstream (pass the idempotency key on to the processor),
+//!   or record *recovery points*: in a transaction, write "about to charge"
+//!   with the key before the call and the result after it, and have the
+//!   handler resume from the last recovery point instead of starting over.
 //!
 //! # Scope, lock timeout, expiry
 //!
-//! Keys are scoped by [`IdempotencyLayer::scope_with`] so tenants never see
-//! each other's keys. A claim held by a server that died is taken over after
-//! [`IdempotencyLayer::lock_timeout`] (30 s). Records expire after
-//! [`IdempotencyLayer::expiry`] (24 h, like Stripe): this window must exceed
-//! the client's whole retry horizon (its overall deadline), otherwise a late
-//! retry would run the handler again. Expired records are deleted by
-//! [`IdempotencyStore::sweep_expired`], for example from [`spawn_sweeper`].
+//! Keys are scoped by caller: by default a SHA-256 digest of the
+//! `Authorization` header (requests without one share one anonymous scope),
+//! or whatever [`IdempotencyLayerBuilder::scope_with`] returns. The store
+//! sees only a 64-character digest. A claim whose lease is not extended (its
+//! server died) is taken over after the lock timeout (5 s). Records expire
+//! after the expiry window (24 h, like Stripe): it must exceed the client's
+//! whole retry horizon (its overall deadline), otherwise a late retry would
+//! run the handler again. [`MemoryStore`] sweeps expired records while
+//! writing; for PostgreSQL call [`IdempotencyStore::sweep_expired`], for
+//! example from [`spawn_sweeper`].
 //!
 //! # Stores
 //!
-//! [`MemoryStore`] keeps records in the process (one instance, tests).
-//! `PostgresStore` (feature `postgres`, on by default) shares them between
-//! instances and can complete a key inside the handler's own transaction
-//! (`PostgresStore::complete_in_tx` with the [`IdempotencyContext`] found in
-//! the request extensions).
+//! [`MemoryStore`] keeps a bounded number of records in the process (one
+//! instance, tests). `PostgresStore` (feature `postgres`, on by default)
+//! shares them between instances, uses the database's clock for every
+//! timestamp, and can complete a key inside the handler's own transaction.
 //!
 //! # Errors
 //!
-//! Errors are `application/problem+json` documents (RFC 9457) with `type`,
-//! `title`, `status` and `detail`; see [`ProblemKind`].
+//! Errors are `application/problem+json` documents (RFC 9457) with `type`
+//! (`about:blank`), `title`, `status`, `detail` and a `code`; see
+//! [`ProblemKind`].
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs, missing_debug_implementations)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod config;
 mod key;

@@ -235,10 +235,9 @@ impl Claim {
             {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::warn!(
-                        key = self.key,
-                        "idempotency lease lost while the handler ran"
-                    );
+                    // Completed by the handler in its own transaction, or
+                    // taken over after heartbeats kept failing.
+                    tracing::debug!(key = self.key, "idempotency lease no longer held");
                     return std::future::pending().await;
                 }
                 Err(err) => {

@@ -1,8 +1,16 @@
-//! Keys are scoped by caller identity: one tenant never replays another's.
+//! Keys are scoped by caller: by default a digest of `Authorization`, or a
+//! scope function. One caller never sees another's keys, responses or 422s.
 mod support;
+use axum::body::Body;
+use axum::http::Request;
 use support::{app, req, send, Harness};
+use tower_idempotency::IdempotencyLayer;
 
-both_stores!(tenants_do_not_share_keys);
+both_stores!(
+    tenants_do_not_share_keys,
+    default_scope_is_the_credential,
+    long_scopes_are_stored
+);
 
 async fn tenants_do_not_share_keys(h: Harness) {
     let (router, state) = app(h.layer());
@@ -32,4 +40,60 @@ async fn tenants_do_not_share_keys(h: Harness) {
     assert!(b2.replayed());
     assert_eq!(b2.body, b.body);
     assert_eq!(state.runs(), 2);
+}
+
+fn with_auth(auth: Option<&str>, body: &str) -> Request<Body> {
+    let mut headers = vec![];
+    if let Some(auth) = auth {
+        headers.push(("authorization", auth));
+    }
+    req("POST", "/payments", Some("same-key"), body, &headers)
+}
+
+async fn default_scope_is_the_credential(h: Harness) {
+    // The layer's defaults: no scope function.
+    let (router, state) = app(IdempotencyLayer::from_arc(h.store.clone()));
+    // Unique credentials per run, since the default scope has no test prefix.
+    let alice = format!("Bearer alice-{}", h.scope);
+    let bob = format!("Bearer bob-{}", h.scope);
+    let a = send(&router, with_auth(Some(&alice), "pay 10")).await;
+    assert_eq!(a.status, 201);
+    // Same key, same body, other credentials: B's own run, not A's receipt.
+    let b_same = send(&router, with_auth(Some(&bob), "pay 10")).await;
+    assert_eq!(b_same.status, 201, "{}", h.name);
+    assert!(!b_same.replayed(), "{}: B got A's stored response", h.name);
+    assert_eq!(state.runs(), 2);
+    // Other credentials, same key, other body: no 422 for B.
+    let carol = format!("Bearer carol-{}", h.scope);
+    let c_other = send(&router, with_auth(Some(&carol), "pay 99")).await;
+    assert_eq!(c_other.status, 201);
+    assert_eq!(state.runs(), 3);
+    // Each credential replays its own response and is refused another body.
+    let a2 = send(&router, with_auth(Some(&alice), "pay 10")).await;
+    assert!(a2.replayed());
+    assert_eq!(a2.body, a.body);
+    send(&router, with_auth(Some(&alice), "pay 99"))
+        .await
+        .assert_problem(422);
+    assert_eq!(state.runs(), 3);
+    // The scope the handler sees is a digest, not the secret.
+    let parts = with_auth(Some(&alice), "").into_parts().0;
+    let scope = IdempotencyLayer::from_arc(h.store.clone()).stored_scope(&parts);
+    assert_eq!(scope.len(), 64);
+    assert!(!scope.contains("alice"));
+}
+
+async fn long_scopes_are_stored(h: Harness) {
+    // A scope function returning 4 000 characters: PostgreSQL refused such a
+    // row (btree limit) and the layer answered 503 + Retry-After.
+    let long = format!("{}{}", h.scope, "x".repeat(4000));
+    let layer = IdempotencyLayer::builder_from_arc(h.store.clone())
+        .scope_with(move |_| long.clone())
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let make = || req("POST", "/payments", Some("k"), "a", &[]);
+    assert_eq!(send(&router, make()).await.status, 201, "{}", h.name);
+    assert!(send(&router, make()).await.replayed());
+    assert_eq!(state.runs(), 1);
 }

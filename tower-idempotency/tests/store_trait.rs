@@ -8,6 +8,7 @@ both_stores!(
     claim_complete_replay,
     release_and_reclaim,
     lock_timeout_takeover,
+    extended_lease_is_not_taken_over,
     expiry
 );
 
@@ -153,4 +154,29 @@ async fn expiry(h: Harness) {
     h.advance(Duration::from_secs(1)).await;
     // Expired: claimable again, with any fingerprint.
     claimed(&h, "k", B).await;
+}
+
+async fn extended_lease_is_not_taken_over(h: Harness) {
+    let s = h.scope.as_str();
+    let lease = claimed(&h, "k", A).await;
+    assert!(!h
+        .store
+        .extend_lease(s, "k", LeaseToken::new_random())
+        .await
+        .unwrap());
+    h.advance(Duration::from_secs(29)).await;
+    // A heartbeat: the lock now counts from here.
+    assert!(h.store.extend_lease(s, "k", lease).await.unwrap());
+    h.advance(Duration::from_secs(29)).await;
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    // Without another heartbeat it times out.
+    h.advance(Duration::from_secs(1)).await;
+    let fresh = claimed(&h, "k", A).await;
+    assert!(!h.store.extend_lease(s, "k", lease).await.unwrap());
+    assert!(h.store.complete(s, "k", fresh, &response()).await.unwrap());
+    // A completed key has no lease to extend.
+    assert!(!h.store.extend_lease(s, "k", fresh).await.unwrap());
 }
