@@ -17,7 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{RequestOptions, RetryError, RetryMiddleware, RetryPolicy, RetryReport};
+use reqwest_safe_retry::{
+    AdaptiveAdmission, AdaptiveConfig, RequestOptions, RetryError, RetryMiddleware, RetryPolicy,
+    RetryReport,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,8 +32,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = start_server().await?;
     let base = format!("http://{addr}");
 
+    // The default admission, kept at hand to show its tokens at the end.
+    let admission = Arc::new(AdaptiveAdmission::new(AdaptiveConfig::default())?);
     let policy = RetryPolicy::builder()
         .backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .shared_admission(admission.clone())
         .build()?;
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(policy.clone()))
@@ -117,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         m.retries,
         m.final_failures,
         m.retry_after_honoured,
-        policy.budget().map_or(0.0, |b| b.balance()),
+        admission.tokens(),
     );
     Ok(())
 }

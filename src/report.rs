@@ -59,10 +59,16 @@ impl fmt::Display for StopReason {
 /// The middleware puts it in the final response's extensions
 /// (`response.extensions().get::<RetryReport>()`) and in the
 /// [`crate::RetryError`] of a failed call.
+///
+/// It serializes with durations in milliseconds:
+/// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"elapsed_ms":90.1,
+/// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,
     pub(crate) delays: Vec<Duration>,
+    pub(crate) admission_wait: Duration,
+    pub(crate) elapsed: Duration,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
@@ -73,10 +79,24 @@ impl RetryReport {
         RetryReport {
             attempts: 0,
             delays: Vec::new(),
+            admission_wait: Duration::ZERO,
+            elapsed: Duration::ZERO,
             idempotency_key: None,
             stop_reason: StopReason::Success,
             retry_after_honoured: 0,
         }
+    }
+
+    /// Time the retries spent waiting for admission (not included in
+    /// [`RetryReport::delays`]).
+    pub fn admission_wait(&self) -> Duration {
+        self.admission_wait
+    }
+
+    /// Total time of the logical operation, from the first attempt to the
+    /// end of the last, measured on the policy's clock.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
     }
 
     /// Attempts made, the first included.
@@ -102,5 +122,22 @@ impl RetryReport {
     /// How many of the delays were set by a server's Retry-After.
     pub fn retry_after_honoured(&self) -> u32 {
         self.retry_after_honoured
+    }
+}
+
+impl serde::Serialize for RetryReport {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut s = serializer.serialize_struct("RetryReport", 7)?;
+        s.serialize_field("attempts", &self.attempts)?;
+        let delays: Vec<f64> = self.delays.iter().copied().map(ms).collect();
+        s.serialize_field("delays_ms", &delays)?;
+        s.serialize_field("admission_wait_ms", &ms(self.admission_wait))?;
+        s.serialize_field("elapsed_ms", &ms(self.elapsed))?;
+        s.serialize_field("idempotency_key", &self.idempotency_key)?;
+        s.serialize_field("stop_reason", &self.stop_reason)?;
+        s.serialize_field("retry_after_honoured", &self.retry_after_honoured)?;
+        s.end()
     }
 }

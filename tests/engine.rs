@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason};
+use reqwest_safe_retry::{
+    retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason, TokenBucketConfig,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -106,7 +108,12 @@ async fn timeouts_can_cost_more_budget() {
     let clock = ManualClock::new();
     let p = policy(&clock)
         .max_attempts(10)
-        .budget_with_timeout_cost(10.0, 0.0, 1.0, 5.0)
+        .token_bucket(TokenBucketConfig {
+            capacity: 10.0,
+            first_attempt_deposit: 0.0,
+            timeout_cost: 5.0,
+            ..TokenBucketConfig::default()
+        })
         .build()
         .unwrap();
     let (_, report) = retry(&p, |_| async { Outcome::transient(()).timed_out() }).await;
