@@ -235,11 +235,11 @@ fn an_empty_bucket_waits_instead_of_refusing() {
     assert_eq!(source(a.admit(RETRY, t0)), Some(GrantSource::Probe));
     // Neither a token nor a probe is due: wait one poll interval.
     assert_eq!(a.admit(RETRY, t0), Admission::Wait(ms(20)));
-    // Close to the next probe, the wait ends at it.
-    assert_eq!(a.admit(RETRY, t0 + ms(990)), Admission::Wait(ms(10)));
+    // Close to the next probe (250 ms), the wait ends at it.
+    assert_eq!(a.admit(RETRY, t0 + ms(240)), Admission::Wait(ms(10)));
     // A retry that already waited the longest it may is refused.
     let tired = RetryRequest::new(RetryKind::Transient, Duration::from_secs(10));
-    assert_eq!(a.admit(tired, t0 + ms(500)), Admission::Refuse);
+    assert_eq!(a.admit(tired, t0 + ms(100)), Admission::Refuse);
 }
 
 #[test]
@@ -256,14 +256,39 @@ fn probes_go_out_at_the_floor_rate_and_back_off_while_they_fail() {
             outcome(&a, answer, AttemptResult::Failure, now);
         }
     }
-    // 0, then 2, 4, 8, 16, 16… seconds after each failure.
-    assert_eq!(probes, [0, 2_000, 6_000, 14_000, 30_000, 46_000]);
+    // 0, then 0.5, 1, 2, 4, 8, 16, 16… seconds after each failure.
+    assert_eq!(
+        probes,
+        [0, 500, 1_500, 3_500, 7_500, 15_500, 31_500, 47_500]
+    );
     assert_eq!(a.probe_interval(), Duration::from_secs(16));
     // A success resets the interval and makes a probe due at once.
     let now = t0 + Duration::from_secs(50);
     a.record(AttemptRecord::new(1, None, AttemptResult::Success), now);
-    assert_eq!(a.probe_interval(), Duration::from_secs(1));
+    assert_eq!(a.probe_interval(), ms(250));
     assert_eq!(source(a.admit(RETRY, now)), Some(GrantSource::Probe));
+}
+
+/// Asks every millisecond from `from` for `span`, records each admitted
+/// retry's result at once, and returns (released admissions, probes).
+fn ask_every_ms(
+    a: &AdaptiveAdmission,
+    from: Instant,
+    span: Duration,
+    result: AttemptResult,
+) -> (u32, u32) {
+    let (mut released, mut probes) = (0, 0);
+    for i in 0..span.as_millis() as u64 {
+        let now = from + ms(i);
+        let answer = a.admit(RETRY, now);
+        match source(answer) {
+            Some(GrantSource::Released) => released += 1,
+            Some(GrantSource::Probe) => probes += 1,
+            _ => continue,
+        }
+        outcome(a, answer, result, now);
+    }
+    (released, probes)
 }
 
 #[test]
@@ -272,60 +297,93 @@ fn a_successful_probe_releases_waiting_retries_with_slow_start() {
     let t0 = Instant::now();
     let probe = a.admit(RETRY, t0);
     outcome(&a, probe, AttemptResult::Success, t0);
-    // Each successful retry releases two: 2, then 4, then 8 in flight.
-    let mut in_flight = 1;
-    for round in 0..3 {
-        let mut admitted = 0;
-        while source(a.admit(RETRY, t0)) == Some(GrantSource::Released) {
-            admitted += 1;
-        }
-        assert_eq!(admitted, 2 * in_flight, "round {round}");
-        in_flight = admitted;
-        for _ in 0..in_flight {
-            a.record(
-                AttemptRecord::new(
-                    2,
-                    Some(reqwest_safe_retry::Grant::new(GrantSource::Released, 0.0)),
-                    AttemptResult::Success,
-                ),
-                t0,
-            );
-        }
-        // The window is capped (10 by default).
-        assert!(a.released() <= 10.0);
-        if a.released() >= 10.0 {
-            break;
-        }
+    assert_eq!(a.release_rate(), 10.0);
+    // Nothing is released in a burst: the first retry after 100 ms.
+    assert!(matches!(a.admit(RETRY, t0 + ms(99)), Admission::Wait(_)));
+    // While they succeed, each success raises the rate by 10/s: the number
+    // released per 100 ms grows exponentially.
+    let mut per_window = Vec::new();
+    for w in 0..6 {
+        let (released, _) =
+            ask_every_ms(&a, t0 + ms(99 + 100 * w), ms(100), AttemptResult::Success);
+        per_window.push(released);
     }
+    // Asking once a millisecond bounds a window at 100.
+    assert_eq!(per_window[0], 3);
+    for w in per_window.windows(2) {
+        assert!(w[1] >= (2 * w[0]).min(100), "{per_window:?}");
+    }
+    assert_eq!(per_window[5], 100);
 }
 
 #[test]
-fn failures_collapse_what_recovery_released() {
+fn failures_collapse_the_release_rate() {
     let a = small(0.001);
     let t0 = Instant::now();
     let released = reqwest_safe_retry::Grant::new(GrantSource::Released, 0.0);
-    for _ in 0..5 {
+    for _ in 0..20 {
         a.record(
             AttemptRecord::new(2, Some(released), AttemptResult::Success),
             t0,
         );
     }
-    assert_eq!(a.released(), 10.0);
+    assert_eq!(a.release_rate(), 200.0);
     let fail = AttemptRecord::new(2, Some(released), AttemptResult::Failure);
     a.record(fail, t0);
-    assert_eq!(a.released(), 5.0);
-    a.record(fail, t0);
-    a.record(fail, t0);
-    assert_eq!(a.released(), 1.0);
-    a.record(fail, t0);
-    assert_eq!(a.released(), 0.0);
-    // A first attempt's failure is no retry failing: nothing to collapse.
-    a.record(
-        AttemptRecord::new(2, Some(released), AttemptResult::Success),
-        t0,
-    );
+    assert_eq!(a.release_rate(), 100.0);
+    // A first attempt's failure is no retry failing: nothing collapses.
     a.record(AttemptRecord::new(1, None, AttemptResult::Failure), t0);
-    assert_eq!(a.released(), 2.0);
+    assert_eq!(a.release_rate(), 100.0);
+    // Halving below one per second leaves only probes.
+    for _ in 0..7 {
+        a.record(fail, t0);
+    }
+    assert_eq!(a.release_rate(), 0.0);
+    let (released, probes) = ask_every_ms(
+        &a,
+        t0 + ms(1),
+        Duration::from_secs(2),
+        AttemptResult::Failure,
+    );
+    assert_eq!(released, 0);
+    assert!(probes <= 3, "{probes}");
+}
+
+#[test]
+fn released_retries_track_a_rate_limited_server() {
+    // The server takes 100 retries per second and fails the rest: the
+    // release rate settles near that instead of growing without end or
+    // collapsing to zero.
+    let a = small(0.001);
+    let t0 = Instant::now();
+    let probe = a.admit(RETRY, t0);
+    outcome(&a, probe, AttemptResult::Success, t0);
+    let mut served_this_second = 0;
+    let mut per_second = Vec::new();
+    for i in 1..5000u64 {
+        let now = t0 + ms(i);
+        if i % 1000 == 0 {
+            per_second.push(served_this_second);
+            served_this_second = 0;
+        }
+        let answer = a.admit(RETRY, now);
+        if source(answer).is_none() {
+            continue;
+        }
+        let ok = served_this_second < 100;
+        served_this_second += 1;
+        let result = if ok {
+            AttemptResult::Success
+        } else {
+            AttemptResult::Failure
+        };
+        outcome(&a, answer, result, now);
+    }
+    // After the ramp, every second sends 100 to 200 retries.
+    assert!(
+        per_second[1..].iter().all(|&n| (100..=200).contains(&n)),
+        "{per_second:?}"
+    );
 }
 
 #[test]
@@ -338,7 +396,7 @@ fn a_fresh_admission_is_a_warmed_one() {
         warmed.record(AttemptRecord::new(1, None, AttemptResult::Success), t0);
     }
     assert_eq!(fresh.tokens(), warmed.tokens());
-    assert_eq!(fresh.released(), warmed.released());
+    assert_eq!(fresh.release_rate(), warmed.release_rate());
     for _ in 0..12 {
         assert_eq!(
             source(fresh.admit(RETRY, t0)),
@@ -373,8 +431,8 @@ async fn a_retry_waits_for_admission_and_the_report_says_how_long() {
     assert_eq!(report.stop_reason(), StopReason::Success);
     // Slept 10 ms of backoff, then waited until the next probe was due.
     assert_eq!(report.delays(), [ms(10)]);
-    assert_eq!(report.admission_wait(), ms(990));
-    assert_eq!(report.elapsed(), Duration::from_secs(1));
+    assert_eq!(report.admission_wait(), ms(240));
+    assert_eq!(report.elapsed(), ms(250));
     let m = p.metrics().snapshot();
     assert_eq!((m.waits, m.probes, m.admissions), (1, 1, 1));
 }
@@ -386,7 +444,7 @@ async fn a_wait_that_meets_the_deadline_ends_with_budget_exhausted() {
     let p = policy(&clock)
         .backoff(ms(10), ms(10))
         .jitter(Jitter::None)
-        .deadline(ms(500))
+        .deadline(ms(200))
         .min_attempt_window(ms(100))
         .shared_admission(admission.clone())
         .build()
@@ -401,8 +459,8 @@ async fn a_wait_that_meets_the_deadline_ends_with_budget_exhausted() {
     assert_eq!(attempts, 1, "no retry was sent");
     assert_eq!(report.stop_reason(), StopReason::BudgetExhausted);
     // It waited until exactly one attempt window was left, no longer.
-    assert_eq!(clock.elapsed(), ms(400));
-    assert_eq!(report.admission_wait(), ms(390));
+    assert_eq!(clock.elapsed(), ms(100));
+    assert_eq!(report.admission_wait(), ms(90));
     let m = p.metrics().snapshot();
     assert_eq!((m.budget_rejections, m.admissions, m.retries), (1, 0, 0));
 }

@@ -27,15 +27,19 @@ pub struct AdaptiveConfig {
     /// Cost of a retry paid from the bucket. Default 1.
     pub retry_cost: f64,
     /// The floor rate: with the bucket empty, one retry per this interval
-    /// goes out as a probe. Default 1 s.
+    /// goes out as a probe. Default 250 ms.
     pub probe_interval: Duration,
     /// Each failed probe doubles the interval (counted from its failure) up
     /// to this, so a long outage costs a handful of probes; any success
     /// resets it. Default 16 s.
     pub max_probe_interval: Duration,
-    /// The most retries that evidence of recovery may release at once (the
-    /// slow-start window). Default 10.
-    pub max_release: f64,
+    /// Slow start: each successful retry raises the rate at which waiting
+    /// retries are released by this many per second (so the rate grows
+    /// exponentially while retries succeed); each failed retry halves it.
+    /// Default 10.
+    pub release_step: f64,
+    /// The highest release rate, retries per second. Default 10 000.
+    pub max_release_rate: f64,
     /// How often a waiting retry asks again. Default 20 ms.
     pub poll_interval: Duration,
     /// The longest a retry waits for admission before the operation ends
@@ -49,9 +53,10 @@ impl Default for AdaptiveConfig {
             capacity: 10.0,
             first_attempt_deposit: 0.1,
             retry_cost: 1.0,
-            probe_interval: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(250),
             max_probe_interval: Duration::from_secs(16),
-            max_release: 10.0,
+            release_step: 10.0,
+            max_release_rate: 10_000.0,
             poll_interval: Duration::from_millis(20),
             max_admission_wait: Duration::from_secs(10),
         }
@@ -64,9 +69,12 @@ impl Default for AdaptiveConfig {
 ///
 /// 1. a token from the bucket (10 to start, +0.1 per first attempt, −1 per
 ///    retry) admits it at once — the SRE book's budget;
-/// 2. otherwise a retry *released* by recent successes admits it: each
-///    successful retry releases two more, each failed one halves what is
-///    left (slow start, and collapse);
+/// 2. otherwise a retry *released* by recent successes admits it: released
+///    retries go out at a rate that each successful retry raises by
+///    `release_step` per second (slow start: exponential growth while they
+///    succeed) and each failed retry halves (collapse); the rate paces them,
+///    so a server that rejects what exceeds its capacity is not hit by a
+///    burst;
 /// 3. otherwise, if no probe went out for `probe_interval`, it goes out as
 ///    a probe (the floor rate, which also serves quiet processes); a failed
 ///    probe doubles the interval (up to `max_probe_interval`);
@@ -86,9 +94,27 @@ pub struct AdaptiveAdmission {
 #[derive(Debug)]
 struct State {
     tokens: f64,
-    released: f64,
+    /// Release rate, retries per second.
+    rate: f64,
+    /// Released retries available now (paced by `rate`).
+    allowance: f64,
+    /// When `allowance` was last refilled.
+    refilled: Option<Instant>,
     next_probe: Option<Instant>,
     probe_interval: Duration,
+}
+
+impl State {
+    /// Adds what `rate` earned since the last refill; a burst is at most
+    /// one poll interval's worth (and at least one retry).
+    fn refill(&mut self, now: Instant, poll: Duration) {
+        if let Some(then) = self.refilled {
+            let earned = self.rate * now.saturating_duration_since(then).as_secs_f64();
+            let burst = (self.rate * poll.as_secs_f64()).max(1.0);
+            self.allowance = (self.allowance + earned).min(burst);
+        }
+        self.refilled = Some(now);
+    }
 }
 
 impl AdaptiveAdmission {
@@ -117,7 +143,8 @@ impl AdaptiveAdmission {
             "admission.first_attempt_deposit",
             config.first_attempt_deposit,
         )?;
-        finite("admission.max_release", config.max_release)?;
+        finite("admission.release_step", config.release_step)?;
+        finite("admission.max_release_rate", config.max_release_rate)?;
         if finite("admission.retry_cost", config.retry_cost)? == 0.0 {
             return Err(ConfigError::named(
                 "admission.retry_cost",
@@ -141,7 +168,9 @@ impl AdaptiveAdmission {
         Ok(AdaptiveAdmission {
             state: Mutex::new(State {
                 tokens: config.capacity,
-                released: 0.0,
+                rate: 0.0,
+                allowance: 0.0,
+                refilled: None,
                 next_probe: None,
                 probe_interval: config.probe_interval,
             }),
@@ -159,9 +188,10 @@ impl AdaptiveAdmission {
         lock(&self.state).tokens
     }
 
-    /// Retries released by evidence of recovery and not yet taken.
-    pub fn released(&self) -> f64 {
-        lock(&self.state).released
+    /// The rate, retries per second, at which evidence of recovery
+    /// releases waiting retries now (0 while failures continue).
+    pub fn release_rate(&self) -> f64 {
+        lock(&self.state).rate
     }
 
     /// The interval before the next probe after the last one.
@@ -183,8 +213,9 @@ impl RetryAdmission for AdaptiveAdmission {
             s.tokens -= c.retry_cost;
             return Admission::Admit(Grant::new(GrantSource::Token, c.retry_cost));
         }
-        if s.released >= 1.0 {
-            s.released -= 1.0;
+        s.refill(now, c.poll_interval);
+        if s.allowance >= 1.0 {
+            s.allowance -= 1.0;
             return Admission::Admit(Grant::new(GrantSource::Released, 0.0));
         }
         match s.next_probe {
@@ -193,7 +224,13 @@ impl RetryAdmission for AdaptiveAdmission {
                 if left.is_zero() {
                     return Admission::Refuse;
                 }
-                Admission::Wait(c.poll_interval.min(due - now).min(left))
+                let mut wait = c.poll_interval.min(due - now).min(left);
+                if s.rate > 0.0 {
+                    // Until the next released retry, at least 1 ms.
+                    let next = Duration::from_secs_f64((1.0 - s.allowance) / s.rate);
+                    wait = wait.min(next.max(Duration::from_millis(1)));
+                }
+                Admission::Wait(wait)
             }
             _ => {
                 // Far-future instants are not representable: then no probe
@@ -209,8 +246,10 @@ impl RetryAdmission for AdaptiveAdmission {
         let mut s = lock(&self.state);
         match (attempt.result(), attempt.grant()) {
             (AttemptResult::Success, Some(_)) => {
-                // Slow start: the retry gives its slot back and one more.
-                s.released = (s.released + 2.0).min(c.max_release);
+                // Slow start: successes per second grow with the rate, so
+                // the rate grows exponentially while retries succeed.
+                s.refill(now, c.poll_interval);
+                s.rate = (s.rate + c.release_step).min(c.max_release_rate);
                 s.probe_interval = c.probe_interval;
             }
             // The service answers again: probe at once rather than at the
@@ -220,8 +259,14 @@ impl RetryAdmission for AdaptiveAdmission {
                 s.next_probe = Some(now);
             }
             (AttemptResult::Failure, Some(grant)) => {
-                // Collapse: what recovery released is halved by each failure.
-                s.released = (s.released / 2.0).floor();
+                // Collapse: each failed retry halves the release rate; below
+                // one retry per second only probes remain.
+                s.refill(now, c.poll_interval);
+                s.rate /= 2.0;
+                if s.rate < 1.0 {
+                    s.rate = 0.0;
+                    s.allowance = 0.0;
+                }
                 if grant.is_probe() {
                     s.probe_interval = s.probe_interval.saturating_mul(2).min(c.max_probe_interval);
                     s.next_probe = now.checked_add(s.probe_interval).or(Some(now));

@@ -22,9 +22,11 @@
 //! assert!(probe.is_probe());
 //! // …and the one after that waits instead of failing.
 //! assert!(matches!(admission.admit(retry, now), Admission::Wait(_)));
-//! // The probe succeeded: evidence of recovery releases waiting retries.
+//! // The probe succeeded: evidence of recovery releases waiting retries,
+//! // paced (10 per second, growing while they succeed).
 //! admission.record(AttemptRecord::new(2, Some(probe), AttemptResult::Success), now);
-//! assert!(matches!(admission.admit(retry, now), Admission::Admit(_)));
+//! let later = now + Duration::from_millis(100);
+//! assert!(matches!(admission.admit(retry, later), Admission::Admit(_)));
 //! ```
 //!
 //! # Why admission and not only a maximum of attempts
@@ -42,9 +44,9 @@
 //! fast") pays for that with the short blips retries exist for: 400 calls
 //! that fail together for one second drain it in milliseconds, and every one
 //! of them fails. The default, [`AdaptiveAdmission`], makes such a retry
-//! *wait* instead (bounded by its deadline), sends one probe at a time while
-//! the failures continue, and releases the waiting retries with slow start
-//! once a retry succeeds again. First attempts are never held back.
+//! *wait* instead (bounded by its deadline), sends probes at a floor rate
+//! while the failures continue, and releases the waiting retries at a rate
+//! that grows while retries succeed (slow start) and halves when they fail. First attempts are never held back.
 //!
 //! # Writing your own
 //!
