@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, RequestOptions, RetryError, RetryMiddleware, RetryPolicy,
-    RetryReport,
+    AdaptiveAdmission, AdaptiveConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -79,16 +78,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "call", "status", "attempts", "delays (ms)", "idempotency key"
     );
     for (name, request) in calls {
-        let (status, report) = match request.send().await {
-            Ok(response) => {
-                let report = response.extensions().get::<RetryReport>().cloned();
-                (response.status().as_u16().to_string(), report)
-            }
-            Err(err) => {
-                let report = RetryError::from_middleware(&err).map(|e| e.report().clone());
-                ("error".to_owned(), report)
-            }
+        // The slot holds the report whatever the result, errors included.
+        let slot = ReportSlot::new();
+        let status = match request.with_extension(slot.clone()).send().await {
+            Ok(response) => response.status().as_u16().to_string(),
+            Err(_) => "error".to_owned(),
         };
+        let report = slot.take();
         let Some(report) = report else {
             println!("{name:<55} {status:>6} (no report)");
             continue;

@@ -34,8 +34,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
 use reqwest_safe_retry::{
-    retry, Backoff, Jitter, MetricsSnapshot, RetryError, RetryMiddleware, RetryPolicy,
-    RetryPolicyBuilder, RetryReport, TokenBucketConfig,
+    retry, Backoff, Jitter, MetricsSnapshot, ReportSlot, RetryMiddleware, RetryPolicy,
+    RetryPolicyBuilder, TokenBucketConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -586,15 +586,10 @@ mod blip {
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until(start_at.into()).await;
                 let started = Instant::now();
-                let result = client.get(&url).send().await;
+                let slot = ReportSlot::new();
+                let result = client.get(&url).with_extension(slot.clone()).send().await;
                 let ended = Instant::now();
-                let report = match &result {
-                    Ok(response) => response.extensions().get::<RetryReport>().cloned(),
-                    Err(reqwest_middleware::Error::Middleware(e)) => {
-                        e.downcast_ref::<RetryError>().map(|r| r.report().clone())
-                    }
-                    Err(_) => None,
-                };
+                let report = slot.take();
                 let ok = matches!(&result, Ok(r) if r.status().is_success());
                 (ok, report, ended - started, ended - t0)
             }));

@@ -91,14 +91,14 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// The error a caller gets when the last attempt of a logical operation ended
-/// without a response (a transport error), or when the request was refused
-/// before anything was sent.
+/// The error a caller gets when the request was refused before anything was
+/// sent (an idempotency key that cannot be sent).
 ///
-/// It carries the [`RetryReport`]; [`std::error::Error::source`] is the last
+/// It carries the [`RetryReport`]; [`std::error::Error::source`] is the
 /// underlying error. The middleware returns it inside
 /// [`reqwest_middleware::Error::Middleware`]; [`RetryError::from_middleware`]
-/// finds it again.
+/// finds it again. A transport error is *not* wrapped: it comes back as
+/// reqwest made it, and the report goes to a [`crate::ReportSlot`].
 #[derive(Debug)]
 pub struct RetryError {
     report: RetryReport,

@@ -93,5 +93,5 @@ pub use metrics::{Metrics, MetricsSnapshot};
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
 pub use policy::RetryPolicy;
-pub use report::{RetryReport, StopReason};
+pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

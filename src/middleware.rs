@@ -2,14 +2,14 @@
 //! the engine's loop drives.
 //!
 //! ```no_run
-//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport};
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
 //!
 //! # async fn run() -> Result<(), reqwest_middleware::Error> {
 //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 //!     .with(RetryMiddleware::new(RetryPolicy::default()))
 //!     .build();
 //! let response = client.post("http://payments.internal/payments").send().await?;
-//! let report = response.extensions().get::<RetryReport>().unwrap();
+//! let report = response.retry_report().unwrap();
 //! println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());
 //! # Ok(()) }
 //! ```
@@ -28,7 +28,7 @@ use crate::error::{KeyError, RetryError};
 use crate::idempotency::IdempotencyKey;
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
-use crate::report::{RetryReport, StopReason};
+use crate::report::{ReportSlot, RetryReport, StopReason};
 use crate::retry_after;
 use crate::safety::{self, Judgement};
 
@@ -69,6 +69,9 @@ impl Middleware for RetryMiddleware {
             Err(e) => {
                 let mut report = RetryReport::new();
                 report.stop_reason = StopReason::Permanent;
+                if let Some(slot) = extensions.get::<ReportSlot>() {
+                    slot.fill(report.clone());
+                }
                 return Err(refused(report, e));
             }
         };
@@ -101,15 +104,16 @@ impl Middleware for RetryMiddleware {
             let mut run = Run::start(policy, limits);
             run.report.idempotency_key = key.as_ref().map(|k| k.as_str().to_owned());
             let (result, report) = run.drive(&mut attempts).await;
-            match result {
-                Ok(mut response) => {
-                    response.extensions_mut().insert(report);
-                    Ok(response)
-                }
-                Err(error) => Err(reqwest_middleware::Error::Middleware(anyhow::Error::new(
-                    RetryError::new(report, error),
-                ))),
+            if let Some(slot) = attempts.extensions.get::<ReportSlot>() {
+                slot.fill(report.clone());
             }
+            // A transport error goes back as it came, so the caller's
+            // `is_timeout()`, `is_connect()`, `status()` and `url()` keep
+            // working; the report is in the slot.
+            result.map(|mut response| {
+                response.extensions_mut().insert(report);
+                response
+            })
         }
         .instrument(span)
         .await

@@ -2,7 +2,10 @@
 //! key, and why the loop stopped.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::runtime::lock;
 
 /// Why the retry loop stopped. An enum, not a string, so callers can match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -57,8 +60,8 @@ impl fmt::Display for StopReason {
 /// The record of one logical operation.
 ///
 /// The middleware puts it in the final response's extensions
-/// (`response.extensions().get::<RetryReport>()`) and in the
-/// [`crate::RetryError`] of a failed call.
+/// ([`RetryReportExt::retry_report`]) and, when the caller asked for it, in
+/// a [`ReportSlot`] — the way to reach it when the call ends in an error.
 ///
 /// It serializes with durations in milliseconds:
 /// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"elapsed_ms":90.1,
@@ -139,5 +142,84 @@ impl serde::Serialize for RetryReport {
         s.serialize_field("stop_reason", &self.stop_reason)?;
         s.serialize_field("retry_after_honoured", &self.retry_after_honoured)?;
         s.end()
+    }
+}
+
+/// Reads the [`RetryReport`] a response carries.
+///
+/// ```no_run
+/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()))
+///     .build();
+/// let response = client.get("http://orders.internal/orders/42").send().await?;
+/// if let Some(report) = response.retry_report() {
+///     println!("{} attempt(s)", report.attempts());
+/// }
+/// # Ok(()) }
+/// ```
+pub trait RetryReportExt {
+    /// The report of the logical operation that produced this response.
+    fn retry_report(&self) -> Option<&RetryReport>;
+}
+
+impl RetryReportExt for reqwest::Response {
+    fn retry_report(&self) -> Option<&RetryReport> {
+        self.extensions().get::<RetryReport>()
+    }
+}
+
+/// A place for the report of a call that may end in an error.
+///
+/// A transport error comes back exactly as reqwest made it
+/// (`reqwest_middleware::Error::Reqwest`), so `is_timeout()`,
+/// `is_connect()`, `status()` and `url()` keep working; to learn what the
+/// retries did, put a slot in the request's extensions and read it after
+/// the call, whatever its result. Clones share the slot.
+///
+/// ```no_run
+/// use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy};
+///
+/// # async fn run() {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()))
+///     .build();
+/// let slot = ReportSlot::new();
+/// let result = client
+///     .get("http://orders.internal/orders/42")
+///     .with_extension(slot.clone())
+///     .send()
+///     .await;
+/// if let Err(err) = result {
+///     let report = slot.take().expect("filled by the middleware");
+///     eprintln!("timeout: {}, after {} attempt(s)", err.is_timeout(), report.attempts());
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ReportSlot {
+    inner: Arc<Mutex<Option<RetryReport>>>,
+}
+
+impl ReportSlot {
+    /// An empty slot.
+    pub fn new() -> Self {
+        ReportSlot::default()
+    }
+
+    /// A copy of the report, once the call has finished.
+    pub fn get(&self) -> Option<RetryReport> {
+        lock(&self.inner).clone()
+    }
+
+    /// The report, leaving the slot empty.
+    pub fn take(&self) -> Option<RetryReport> {
+        lock(&self.inner).take()
+    }
+
+    pub(crate) fn fill(&self, report: RetryReport) {
+        *lock(&self.inner) = Some(report);
     }
 }

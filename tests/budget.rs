@@ -490,3 +490,36 @@ fn adaptive_admission_is_the_default() {
     let p = RetryPolicy::default();
     assert!(format!("{:?}", p.admission()).starts_with("AdaptiveAdmission"));
 }
+
+#[tokio::test]
+async fn a_timeout_costs_what_the_bucket_charges_for_one_through_http() {
+    // A server that never answers: each attempt times out (100 ms, real
+    // time: the cost is checked, not the timing).
+    let (addr, count) = support::faulty_server(support::Fault::Hang).await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(10)
+        .attempt_timeout(ms(100))
+        .token_bucket(TokenBucketConfig {
+            capacity: 10.0,
+            first_attempt_deposit: 0.0,
+            timeout_cost: 5.0,
+            ..TokenBucketConfig::default()
+        })
+        .build()
+        .unwrap();
+    let (c, _) = client(p);
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let err = c
+        .get(format!("http://{addr}/"))
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    let report = slot.take().unwrap();
+    // 10 tokens at 5 per timeout: two retries, not nine.
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(report.stop_reason(), StopReason::BudgetExhausted);
+    assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
