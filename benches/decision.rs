@@ -1,7 +1,7 @@
-//! The cost of one retry decision: a delay with each jitter mode, a budget
-//! withdrawal, the budget under contention, and a whole retry turn of the
-//! engine (classify → delay → deadline → budget) with a sleeper that returns
-//! at once; and the `middleware` group: a whole `get().send()` through a
+//! The cost of one retry decision: a delay with each jitter mode, an
+//! admission (token bucket and adaptive), each under contention, and a whole
+//! retry turn of the engine (classify → delay → deadline → admission) with a
+//! sleeper that returns at once; and the `middleware` group: a whole `get().send()` through a
 //! middleware chain ending in a canned `200 ok` (no socket), to price each
 //! retry middleware's success path alone.
 //!
@@ -22,7 +22,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{
-    retry, Backoff, BoxFuture, Jitter, Outcome, RetryBudget, RetryMiddleware, RetryPolicy, Sleeper,
+    retry, AdaptiveAdmission, AdaptiveConfig, Admission, Backoff, BoxFuture, Jitter, Outcome,
+    RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy, RetryRequest, Sleeper, TokenBucket,
+    TokenBucketConfig,
 };
 
 fn backoff(jitter: Jitter) -> Backoff {
@@ -79,36 +81,82 @@ fn delays(c: &mut Criterion) {
     group.finish();
 }
 
+/// A bucket so large that no benchmark run empties it, or an empty one.
+fn bucket(capacity: f64) -> TokenBucket {
+    TokenBucket::new(TokenBucketConfig {
+        capacity,
+        ..TokenBucketConfig::default()
+    })
+    .expect("valid budget")
+}
+
+fn adaptive(capacity: f64) -> AdaptiveAdmission {
+    AdaptiveAdmission::new(AdaptiveConfig {
+        capacity,
+        ..AdaptiveConfig::default()
+    })
+    .expect("valid admission")
+}
+
+const RETRY: RetryRequest = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
+
+fn admitted(a: &dyn RetryAdmission, now: Instant) -> bool {
+    matches!(a.admit(RETRY, now), Admission::Admit(_))
+}
+
 fn budget(c: &mut Criterion) {
     let mut group = c.benchmark_group("budget");
-    // So large that no benchmark run empties it.
-    let full = RetryBudget::new(1e11, 0.1, 1.0).expect("valid budget");
-    group.bench_function("withdraw_ok", |b| {
-        b.iter(|| black_box(full.try_withdraw_retry()))
-    });
-    let empty = RetryBudget::new(0.0, 0.0, 1.0).expect("valid budget");
-    group.bench_function("withdraw_empty", |b| {
-        b.iter(|| black_box(empty.try_withdraw_retry()))
-    });
-    let small = RetryBudget::new(10.0, 0.1, 1.0).expect("valid budget");
-    group.bench_function("deposit", |b| b.iter(|| small.deposit()));
+    let now = Instant::now();
+    type Pair = (
+        &'static str,
+        Box<dyn RetryAdmission>,
+        Box<dyn RetryAdmission>,
+    );
+    let strategies: [Pair; 2] = [
+        (
+            "token_bucket",
+            Box::new(bucket(1e11)),
+            Box::new(bucket(0.001)),
+        ),
+        (
+            "adaptive",
+            Box::new(adaptive(1e11)),
+            Box::new(adaptive(0.001)),
+        ),
+    ];
+    for (name, full, empty) in &strategies {
+        group.bench_function(BenchmarkId::new("admit_ok", name), |b| {
+            b.iter(|| black_box(admitted(full.as_ref(), now)))
+        });
+        // Drained: the token bucket refuses, the adaptive admission answers
+        // "wait" (after one probe).
+        admitted(empty.as_ref(), now);
+        admitted(empty.as_ref(), now);
+        group.bench_function(BenchmarkId::new("admit_empty", name), |b| {
+            b.iter(|| black_box(admitted(empty.as_ref(), now)))
+        });
+        group.bench_function(BenchmarkId::new("first_attempt", name), |b| {
+            b.iter(|| full.first_attempt(now))
+        });
+    }
     group.finish();
 }
 
-/// `threads` threads each do `iters` (withdraw + deposit) pairs on one
-/// shared budget; the time is the wall time of the slowest, so criterion's
-/// "time per iteration" is the time per pair per thread.
-fn contended(budget: &Arc<RetryBudget>, threads: usize, iters: u64) -> Duration {
+/// `threads` threads each do `iters` (admit + first attempt) pairs on one
+/// shared admission; the time is the wall time of the slowest, so
+/// criterion's "time per iteration" is the time per pair per thread.
+fn contended(admission: &Arc<dyn RetryAdmission>, threads: usize, iters: u64) -> Duration {
     let barrier = Barrier::new(threads + 1);
+    let now = Instant::now();
     std::thread::scope(|s| {
         for _ in 0..threads {
-            let budget = budget.clone();
+            let admission = admission.clone();
             let barrier = &barrier;
             s.spawn(move || {
                 barrier.wait();
                 for _ in 0..iters {
-                    black_box(budget.try_withdraw_retry());
-                    budget.deposit();
+                    black_box(admitted(admission.as_ref(), now));
+                    admission.first_attempt(now);
                 }
             });
         }
@@ -122,13 +170,19 @@ fn contended(budget: &Arc<RetryBudget>, threads: usize, iters: u64) -> Duration 
 
 fn contention(c: &mut Criterion) {
     let mut group = c.benchmark_group("budget_contention");
-    let budget = Arc::new(RetryBudget::new(1e11, 0.1, 1.0).expect("valid budget"));
-    for threads in [1usize, 2, 4] {
-        // Elements = pairs done by all threads together.
-        group.throughput(Throughput::Elements(threads as u64));
-        group.bench_function(BenchmarkId::new("withdraw+deposit", threads), |b| {
-            b.iter_custom(|iters| contended(&budget, threads, iters))
-        });
+    let strategies: [(&str, Arc<dyn RetryAdmission>); 2] = [
+        ("token_bucket", Arc::new(bucket(1e11))),
+        ("adaptive", Arc::new(adaptive(1e11))),
+    ];
+    for (name, admission) in &strategies {
+        for threads in [1usize, 2, 4] {
+            // Elements = pairs done by all threads together.
+            group.throughput(Throughput::Elements(threads as u64));
+            group.bench_function(
+                BenchmarkId::new(format!("admit+first_attempt/{name}"), threads),
+                |b| b.iter_custom(|iters| contended(admission, threads, iters)),
+            );
+        }
     }
     group.finish();
 }
@@ -161,7 +215,10 @@ fn engine(c: &mut Criterion) {
             .max_attempts(u32::MAX)
             .no_deadline();
         let builder = if budget {
-            builder.budget(1e11, 0.1, 1.0)
+            builder.adaptive_admission(AdaptiveConfig {
+                capacity: 1e11,
+                ..AdaptiveConfig::default()
+            })
         } else {
             builder.no_budget()
         };

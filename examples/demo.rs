@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{RequestOptions, RetryError, RetryMiddleware, RetryPolicy, RetryReport};
+use reqwest_safe_retry::{
+    AdaptiveAdmission, AdaptiveConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -29,8 +31,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = start_server().await?;
     let base = format!("http://{addr}");
 
+    // The default admission, kept at hand to show its tokens at the end.
+    let admission = Arc::new(AdaptiveAdmission::new(AdaptiveConfig::default())?);
     let policy = RetryPolicy::builder()
         .backoff(Duration::from_millis(50), Duration::from_secs(2))
+        .shared_admission(admission.clone())
         .build()?;
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(policy.clone()))
@@ -73,16 +78,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "call", "status", "attempts", "delays (ms)", "idempotency key"
     );
     for (name, request) in calls {
-        let (status, report) = match request.send().await {
-            Ok(response) => {
-                let report = response.extensions().get::<RetryReport>().cloned();
-                (response.status().as_u16().to_string(), report)
-            }
-            Err(err) => {
-                let report = RetryError::from_middleware(&err).map(|e| e.report().clone());
-                ("error".to_owned(), report)
-            }
+        // The slot holds the report whatever the result, errors included.
+        let slot = ReportSlot::new();
+        let status = match request.with_extension(slot.clone()).send().await {
+            Ok(response) => response.status().as_u16().to_string(),
+            Err(_) => "error".to_owned(),
         };
+        let report = slot.take();
         let Some(report) = report else {
             println!("{name:<55} {status:>6} (no report)");
             continue;
@@ -117,7 +119,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         m.retries,
         m.final_failures,
         m.retry_after_honoured,
-        policy.budget().map_or(0.0, |b| b.balance()),
+        admission.tokens(),
     );
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! `herd`: what jitter and a retry budget do to a thundering herd.
+//! `herd`: what jitter and retry admission do to a thundering herd.
 //!
 //! Two experiments, one binary:
 //!
@@ -10,7 +10,10 @@
 //! - `blip` — real sockets: a local HTTP server fails every request for a
 //!   window and then serves a limited number of requests per 50 ms; 400
 //!   logical operations start together through the real [`RetryMiddleware`].
-//!   Then an outage longer than every deadline, with and without the budget.
+//!   Then an outage longer than every deadline, and a quiet process (one
+//!   call per second to a server failing one attempt in three), each with
+//!   no admission, the fail-fast token bucket and the default adaptive
+//!   admission (fresh, and warmed by 1000 successful calls).
 //!
 //! ```text
 //! cargo run --release --example herd -- brooker --clients 10,20,30,40,50,60,70,80,90,100 --trials 100 --csv
@@ -30,7 +33,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
-use reqwest_safe_retry::{Backoff, Jitter, RetryError, RetryMiddleware, RetryPolicy, RetryReport};
+use reqwest_safe_retry::{
+    retry, Backoff, Jitter, MetricsSnapshot, ReportSlot, RetryMiddleware, RetryPolicy,
+    RetryPolicyBuilder, TokenBucketConfig,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -131,6 +137,16 @@ struct BlipArgs {
     /// Skip the outage scenario.
     #[arg(long)]
     no_outage: bool,
+    /// Outage scenario with the default policy (whose deadline is 30 s):
+    /// how long the server fails everything, ms.
+    #[arg(long, default_value_t = 40_000)]
+    default_outage_ms: u64,
+    /// Quiet-process scenario: calls, one per second.
+    #[arg(long, default_value_t = 60)]
+    quiet_calls: usize,
+    /// Skip the quiet-process scenario.
+    #[arg(long)]
+    no_quiet: bool,
     /// Where the plot goes.
     #[arg(long, default_value = "bench-results")]
     out_dir: PathBuf,
@@ -449,6 +465,9 @@ mod blip {
         t0: Instant,
         fail_for: Duration,
         capacity: u32,
+        /// Fail one request in this many (counting from the first), if set.
+        fail_every: Option<u32>,
+        served: AtomicU32,
         arrivals: Vec<AtomicU32>,
         admitted: Vec<AtomicU32>,
     }
@@ -467,6 +486,10 @@ mod blip {
         if elapsed < server.fail_for {
             return (StatusCode::SERVICE_UNAVAILABLE, "blip");
         }
+        let n = server.served.fetch_add(1, Ordering::Relaxed);
+        if server.fail_every.is_some_and(|every| n % every == 0) {
+            return (StatusCode::SERVICE_UNAVAILABLE, "flaky");
+        }
         if server.admitted[i].fetch_add(1, Ordering::Relaxed) >= server.capacity {
             return (StatusCode::SERVICE_UNAVAILABLE, "over capacity");
         }
@@ -481,6 +504,8 @@ mod blip {
         pub(super) capacity: u32,
         /// Operations start evenly spread over this (zero: all together).
         pub(super) spread: Duration,
+        /// Fail one request in this many, after the failing window.
+        pub(super) fail_every: Option<u32>,
     }
 
     /// What one strategy did.
@@ -494,7 +519,10 @@ mod blip {
         pub(super) last_success: Option<Duration>,
         pub(super) latencies: Vec<Duration>,
         pub(super) stop_reasons: BTreeMap<String, usize>,
-        pub(super) budget_rejections: u64,
+        /// The policy's counters after the run (warming calls included).
+        pub(super) metrics: MetricsSnapshot,
+        /// The longest time a call waited for admission.
+        pub(super) max_admission_wait: Duration,
     }
 
     impl Outcome {
@@ -527,6 +555,8 @@ mod blip {
             t0: Instant::now(),
             fail_for: scenario.fail_for,
             capacity: scenario.capacity,
+            fail_every: scenario.fail_every,
+            served: AtomicU32::new(0),
             arrivals: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
             admitted: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
         });
@@ -556,15 +586,10 @@ mod blip {
             tasks.push(tokio::spawn(async move {
                 tokio::time::sleep_until(start_at.into()).await;
                 let started = Instant::now();
-                let result = client.get(&url).send().await;
+                let slot = ReportSlot::new();
+                let result = client.get(&url).with_extension(slot.clone()).send().await;
                 let ended = Instant::now();
-                let report = match &result {
-                    Ok(response) => response.extensions().get::<RetryReport>().cloned(),
-                    Err(reqwest_middleware::Error::Middleware(e)) => {
-                        e.downcast_ref::<RetryError>().map(|r| r.report().clone())
-                    }
-                    Err(_) => None,
-                };
+                let report = slot.take();
                 let ok = matches!(&result, Ok(r) if r.status().is_success());
                 (ok, report, ended - started, ended - t0)
             }));
@@ -578,7 +603,8 @@ mod blip {
             last_success: None,
             latencies: Vec::with_capacity(scenario.ops),
             stop_reasons: BTreeMap::new(),
-            budget_rejections: 0,
+            metrics: MetricsSnapshot::default(),
+            max_admission_wait: Duration::ZERO,
         };
         for task in tasks {
             let (ok, report, latency, end) = task.await?;
@@ -590,13 +616,14 @@ mod blip {
             let reason = match &report {
                 Some(r) => {
                     out.attempts += u64::from(r.attempts());
+                    out.max_admission_wait = out.max_admission_wait.max(r.admission_wait());
                     r.stop_reason().as_str().to_owned()
                 }
                 None => "no report".to_owned(),
             };
             *out.stop_reasons.entry(reason).or_default() += 1;
         }
-        out.budget_rejections = middleware.policy().metrics().snapshot().budget_rejections;
+        out.metrics = middleware.policy().metrics().snapshot();
         serving.abort();
         let arrivals: Vec<u32> = server
             .arrivals
@@ -631,9 +658,21 @@ mod blip {
             .collect()
     }
 
+    /// Which admission a comparison row uses.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Admit {
+        /// No admission: attempts and the deadline only.
+        None,
+        /// The fail-fast token bucket (10 tokens, +0.1 per first attempt,
+        /// −1 per retry): the default before the adaptive admission.
+        FailFast,
+        /// The crate's default adaptive admission.
+        Adaptive,
+    }
+
     fn policy(
         jitter: Jitter,
-        budget: bool,
+        admit: Admit,
         base: Duration,
         cap: Duration,
         max_attempts: u32,
@@ -647,10 +686,33 @@ mod blip {
             .deadline(deadline)
             .attempt_timeout(Duration::from_secs(2))
             .seed(seed);
-        // With a budget: the crate's default one (10 tokens, 0.1 per first
-        // attempt, 1 per retry), fresh for each run.
-        let builder = if budget { builder } else { builder.no_budget() };
-        Ok(builder.build()?)
+        Ok(with_admission(builder, admit).build()?)
+    }
+
+    /// A fresh admission of the given kind for each run.
+    fn with_admission(builder: RetryPolicyBuilder, admit: Admit) -> RetryPolicyBuilder {
+        match admit {
+            Admit::None => builder.no_budget(),
+            Admit::FailFast => builder.token_bucket(TokenBucketConfig::default()),
+            Admit::Adaptive => builder,
+        }
+    }
+
+    /// The default policy, seeded, with the given admission.
+    fn default_policy(admit: Admit, seed: u64) -> AnyResult<RetryPolicy> {
+        Ok(with_admission(RetryPolicy::builder().seed(seed), admit).build()?)
+    }
+
+    /// Gives `policy` a history: 1000 logical operations that succeed at
+    /// once, through the same admission (no socket involved).
+    async fn warm(policy: RetryPolicy) -> RetryPolicy {
+        for _ in 0..1000 {
+            retry(&policy, |_| async {
+                reqwest_safe_retry::Outcome::success(())
+            })
+            .await;
+        }
+        policy
     }
 
     fn ms(d: Duration) -> String {
@@ -673,18 +735,22 @@ mod blip {
             fail_for: Duration::from_millis(args.fail_ms),
             capacity: args.capacity,
             spread: Duration::ZERO,
+            fail_every: None,
         };
         let strategies = [
-            ("none", Jitter::None, false),
-            ("full", Jitter::Full, false),
-            ("equal", Jitter::Equal, false),
-            ("decorrelated", Jitter::Decorrelated, false),
-            ("full+budget", Jitter::Full, true),
+            ("none", Jitter::None, Admit::None),
+            ("full", Jitter::Full, Admit::None),
+            ("equal", Jitter::Equal, Admit::None),
+            ("decorrelated", Jitter::Decorrelated, Admit::None),
+            ("full+fail-fast", Jitter::Full, Admit::FailFast),
+            ("full+adaptive", Jitter::Full, Admit::Adaptive),
         ];
         println!(
             "Blip: {} operations start together; the server fails everything for {} ms, \
              then serves {} requests per 50 ms (503 for the rest).\n\
-             Policy: backoff {} ms..{} ms ×2, max {} attempts, deadline {} ms, seed {}.\n",
+             Rows 1-6: backoff {} ms..{} ms ×2, max {} attempts, deadline {} ms, seed {}. \
+             Rows 'default': RetryPolicy::default() (3 attempts, 100 ms..10 s, deadline 30 s, \
+             adaptive admission), fresh, and warmed by 1000 successful calls.\n",
             args.ops,
             args.fail_ms,
             args.capacity,
@@ -695,10 +761,10 @@ mod blip {
             args.seed
         );
         let mut outcomes = Vec::new();
-        for (label, jitter, budget) in strategies {
+        for (label, jitter, admit) in strategies {
             let p = policy(
                 jitter,
-                budget,
+                admit,
                 base,
                 cap,
                 args.max_attempts,
@@ -707,11 +773,21 @@ mod blip {
             )?;
             outcomes.push(run(label, &blip, p).await?);
         }
+        outcomes.push(
+            run(
+                "default",
+                &blip,
+                default_policy(Admit::Adaptive, args.seed)?,
+            )
+            .await?,
+        );
+        let warmed = warm(default_policy(Admit::Adaptive, args.seed)?).await;
+        outcomes.push(run("default, warmed", &blip, warmed).await?);
         println!(
             "| strategy | attempts | amplification | succeeded | all succeeded at (ms) | \
-             p50 (ms) | p99 (ms) | peak / 50 ms | stop reasons |"
+             p50 (ms) | p99 (ms) | peak / 50 ms | probes | longest admission wait (ms) | stop reasons |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for o in &outcomes {
             let all = if o.succeeded == o.ops {
                 o.last_success.map_or("-".to_owned(), ms)
@@ -719,7 +795,7 @@ mod blip {
                 format!("never ({} failed)", o.ops - o.succeeded)
             };
             println!(
-                "| {} | {} | {:.2}× | {}/{} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.2}× | {}/{} | {} | {} | {} | {} | {} | {} | {} |",
                 o.label,
                 o.attempts,
                 o.amplification(),
@@ -729,13 +805,15 @@ mod blip {
                 ms(o.percentile(0.50)),
                 ms(o.percentile(0.99)),
                 o.peak(),
+                o.metrics.probes,
+                ms(o.max_admission_wait),
                 reasons(&o.stop_reasons)
             );
         }
         let peak = outcomes.iter().map(Outcome::peak).max().unwrap_or(1);
         println!("\nArrivals per 50 ms bucket (one character each, common scale, peak {peak}):");
         for o in &outcomes {
-            println!("{:>13} |{}|", o.label, sparkline(&o.arrivals, peak));
+            println!("{:>16} |{}|", o.label, sparkline(&o.arrivals, peak));
         }
 
         std::fs::create_dir_all(&args.out_dir)?;
@@ -775,49 +853,136 @@ mod blip {
         )?;
         println!("plot: {}", svg.display());
 
-        if args.no_outage {
-            return Ok(());
+        if !args.no_outage {
+            outage(args).await?;
         }
+        if !args.no_quiet {
+            quiet(args).await?;
+        }
+        Ok(())
+    }
+
+    /// An outage longer than every deadline, with steady traffic.
+    async fn outage(args: &BlipArgs) -> AnyResult<()> {
         let outage = Scenario {
             ops: args.ops,
             fail_for: Duration::from_millis(args.outage_ms),
             capacity: args.capacity,
             spread: Duration::from_millis(args.outage_spread_ms),
+            fail_every: None,
+        };
+        let long = Scenario {
+            fail_for: Duration::from_millis(args.default_outage_ms),
+            ..outage.clone()
         };
         println!(
-            "\nOutage: the server fails everything for {} ms; {} operations start evenly over \
-             {} ms. Policy: full jitter, backoff {} ms..{} ms, max {} attempts, deadline {} ms \
-             (shorter than the outage).\n",
-            args.outage_ms,
+            "\nOutage: {} operations start evenly over {} ms. Rows 1-3: the server fails \
+             everything for {} ms; full jitter, backoff {} ms..{} ms, max {} attempts, \
+             deadline {} ms. Rows 'default': RetryPolicy::default() (deadline 30 s); the \
+             server fails everything for {} ms.\n",
             args.ops,
             args.outage_spread_ms,
+            args.outage_ms,
             args.outage_base_ms,
             args.outage_cap_ms,
             args.outage_max_attempts,
-            args.outage_deadline_ms
+            args.outage_deadline_ms,
+            args.default_outage_ms,
         );
         println!(
-            "| budget | attempts | amplification | budget rejections | peak / 50 ms | stop reasons |"
+            "| admission | attempts | amplification | budget rejections | probes | \
+             longest call (ms) | deadline (ms) | peak / 50 ms | stop reasons |"
         );
-        println!("|---|---:|---:|---:|---:|---|");
-        for (label, budget) in [("none", false), ("default (10, 0.1, 1)", true)] {
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        let mut rows = Vec::new();
+        for (label, admit) in [
+            ("none", Admit::None),
+            ("fail-fast (10, 0.1, 1)", Admit::FailFast),
+            ("adaptive", Admit::Adaptive),
+        ] {
             let p = policy(
                 Jitter::Full,
-                budget,
+                admit,
                 Duration::from_millis(args.outage_base_ms),
                 Duration::from_millis(args.outage_cap_ms),
                 args.outage_max_attempts,
                 Duration::from_millis(args.outage_deadline_ms),
                 args.seed,
             )?;
-            let o = run(label, &outage, p).await?;
+            let deadline = p.deadline();
+            rows.push((run(label, &outage, p).await?, deadline));
+        }
+        // The two long rows run side by side: each has its own server.
+        let fresh = default_policy(Admit::Adaptive, args.seed)?;
+        let warmed = warm(default_policy(Admit::Adaptive, args.seed)?).await;
+        let deadline = fresh.deadline();
+        let (a, b) = tokio::join!(
+            run("default", &long, fresh),
+            run("default, warmed", &long, warmed)
+        );
+        rows.push((a?, deadline));
+        rows.push((b?, deadline));
+        for (o, deadline) in &rows {
+            let longest = o.latencies.iter().copied().max().unwrap_or_default();
             println!(
-                "| {} | {} | {:.2}× | {} | {} | {} |",
+                "| {} | {} | {:.2}× | {} | {} | {} | {} | {} | {} |",
                 o.label,
                 o.attempts,
                 o.amplification(),
-                o.budget_rejections,
+                o.metrics.budget_rejections,
+                o.metrics.probes,
+                ms(longest),
+                deadline.map_or("-".to_owned(), ms),
                 o.peak(),
+                reasons(&o.stop_reasons)
+            );
+        }
+        Ok(())
+    }
+
+    /// A quiet process: one call per second to a server that fails one
+    /// request in three.
+    async fn quiet(args: &BlipArgs) -> AnyResult<()> {
+        let scenario = Scenario {
+            ops: args.quiet_calls,
+            fail_for: Duration::ZERO,
+            capacity: u32::MAX,
+            spread: Duration::from_secs(u64::try_from(args.quiet_calls).unwrap_or(u64::MAX)),
+            fail_every: Some(3),
+        };
+        println!(
+            "\nQuiet process: {} calls, one per second, to a server that fails one request \
+             in three (503). RetryPolicy::default() with each admission; the rows run side \
+             by side, each against its own server.\n",
+            args.quiet_calls
+        );
+        let fresh = default_policy(Admit::Adaptive, args.seed)?;
+        let warmed = warm(default_policy(Admit::Adaptive, args.seed)?).await;
+        let fail_fast = default_policy(Admit::FailFast, args.seed)?;
+        let none = default_policy(Admit::None, args.seed)?;
+        let (a, b, c, d) = tokio::join!(
+            run("default (adaptive)", &scenario, fresh),
+            run("default, warmed", &scenario, warmed),
+            run("fail-fast (10, 0.1, 1)", &scenario, fail_fast),
+            run("none", &scenario, none),
+        );
+        println!(
+            "| admission | succeeded | attempts | retries | budget rejections | waits | \
+             probes | longest admission wait (ms) | stop reasons |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---|");
+        for o in [a?, b?, c?, d?] {
+            println!(
+                "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} |",
+                o.label,
+                o.succeeded,
+                o.ops,
+                o.attempts,
+                o.attempts - o.ops as u64,
+                o.metrics.budget_rejections,
+                o.metrics.waits,
+                o.metrics.probes,
+                ms(o.max_admission_wait),
                 reasons(&o.stop_reasons)
             );
         }

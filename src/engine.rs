@@ -31,14 +31,17 @@
 //!
 //! Each turn of the loop, top to bottom: classify → is another attempt
 //! allowed → delay (which sees the server's hint) → does it fit the deadline
-//! → budget → sleep → next. The budget comes last so that a token is spent
-//! only on a retry that really happens.
+//! → sleep → admission (which may wait, bounded by the deadline) → next.
+//! Admission comes last so that a retry is counted when it is sent, and a
+//! give-up spends nothing. The reqwest middleware drives this same loop.
 
+use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::admission::{Admission, AttemptRecord, AttemptResult, Grant, RetryKind, RetryRequest};
 use crate::policy::RetryPolicy;
 use crate::report::{RetryReport, StopReason};
 use crate::retry_after;
@@ -55,45 +58,69 @@ pub(crate) enum Verdict {
     Success,
     Transient {
         retry_after: Option<Duration>,
-        timed_out: bool,
+        kind: RetryKind,
     },
-    Stop(StopReason),
+    /// Stop now. `failed` says whether the attempt itself failed
+    /// transiently (a transient outcome the safety rule stopped): admission
+    /// counts it as a failure.
+    Stop {
+        reason: StopReason,
+        failed: bool,
+    },
 }
 
 impl Verdict {
+    pub(crate) fn stop(reason: StopReason) -> Self {
+        Verdict::Stop {
+            reason,
+            failed: false,
+        }
+    }
+
     /// What the classifier said, for the per-attempt event: a transient
     /// outcome that the safety rule stopped is still "transient".
     pub(crate) fn class_name(self) -> &'static str {
         match self {
             Verdict::Success => "success",
-            Verdict::Transient { .. }
-            | Verdict::Stop(StopReason::NotIdempotent | StopReason::BodyNotCloneable) => {
-                "transient"
+            Verdict::Transient { .. } | Verdict::Stop { failed: true, .. } => "transient",
+            Verdict::Stop {
+                reason: StopReason::Permanent | StopReason::ServerSaidNo,
+                ..
+            } => "permanent",
+            Verdict::Stop { .. } => "stopped",
+        }
+    }
+
+    fn result(self) -> AttemptResult {
+        match self {
+            Verdict::Success => AttemptResult::Success,
+            Verdict::Transient { .. } | Verdict::Stop { failed: true, .. } => {
+                AttemptResult::Failure
             }
-            Verdict::Stop(StopReason::Permanent | StopReason::ServerSaidNo) => "permanent",
-            Verdict::Stop(_) => "stopped",
+            Verdict::Stop { .. } => AttemptResult::Other,
         }
     }
 }
 
 impl<T> Outcome<T> {
+    pub(crate) fn new(value: T, verdict: Verdict) -> Self {
+        Outcome { value, verdict }
+    }
+
     /// Done: return `value`.
     pub fn success(value: T) -> Self {
-        Outcome {
-            value,
-            verdict: Verdict::Success,
-        }
+        Outcome::new(value, Verdict::Success)
     }
 
     /// Worth another attempt; `value` is returned if none is made.
     pub fn transient(value: T) -> Self {
-        Outcome {
+        Outcome::new(
             value,
-            verdict: Verdict::Transient {
+            Verdict::Transient {
                 retry_after: None,
-                timed_out: false,
+                kind: RetryKind::Transient,
             },
-        }
+        )
     }
 
     /// Retrying cannot help: return `value` now.
@@ -103,10 +130,7 @@ impl<T> Outcome<T> {
 
     /// Stop now for the given reason.
     pub fn stop(value: T, reason: StopReason) -> Self {
-        Outcome {
-            value,
-            verdict: Verdict::Stop(reason),
-        }
+        Outcome::new(value, Verdict::stop(reason))
     }
 
     /// The server asked to wait at least `hint` (a transient outcome only).
@@ -121,9 +145,20 @@ impl<T> Outcome<T> {
     /// The attempt timed out (a transient outcome only); a budget may charge
     /// more for it.
     #[must_use]
-    pub fn timed_out(mut self) -> Self {
-        if let Verdict::Transient { timed_out, .. } = &mut self.verdict {
-            *timed_out = true;
+    pub fn timed_out(self) -> Self {
+        self.with_kind(RetryKind::Timeout)
+    }
+
+    /// The server throttled the attempt (a transient outcome only): the
+    /// policy's throttling backoff applies, and a budget may charge less.
+    #[must_use]
+    pub fn throttled(self) -> Self {
+        self.with_kind(RetryKind::Throttled)
+    }
+
+    fn with_kind(mut self, new: RetryKind) -> Self {
+        if let Verdict::Transient { kind, .. } = &mut self.verdict {
+            *kind = new;
         }
         self
     }
@@ -167,28 +202,56 @@ impl AttemptContext {
 /// and returns the last value with the [`RetryReport`].
 ///
 /// Each call is one logical operation: it starts from the initial delay and
-/// deposits into the policy's budget once.
-pub async fn retry<T, F, Fut>(policy: &RetryPolicy, mut op: F) -> (T, RetryReport)
+/// counts once as a first attempt for the policy's admission.
+pub async fn retry<T, F, Fut>(policy: &RetryPolicy, op: F) -> (T, RetryReport)
 where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let span = operation_span();
-    async move {
-        let mut run = Run::start(policy, Limits::from(policy));
-        loop {
-            let ctx = run.context();
-            let outcome = op(ctx).await;
-            let step = run.decide(outcome.verdict());
-            trace_attempt(&ctx, &"-", outcome.verdict(), step);
-            match step {
-                Step::Stop(reason) => return (outcome.into_value(), run.finish(reason)),
-                Step::Retry(delay) => run.sleep(delay).await,
-            }
-        }
+    let run = Run::start(policy, Limits::from(policy));
+    run.drive(&mut Closure(op))
+        .instrument(operation_span())
+        .await
+}
+
+/// One attempt of a logical operation, as the loop drives it.
+pub(crate) trait Attempt {
+    /// What an attempt returns.
+    type Output;
+
+    /// Makes attempt `ctx.attempt()`.
+    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<Self::Output>;
+
+    /// The attempt's status or error kind, for the per-attempt event.
+    fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+/// The generic engine's operation: a closure.
+struct Closure<F>(F);
+
+impl<T, F, Fut> Attempt for Closure<F>
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    type Output = T;
+
+    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<T> {
+        (self.0)(ctx).await
     }
-    .instrument(span)
-    .await
+
+    fn label(&self, _: &T, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("-")
+    }
+}
+
+/// Formats an attempt's label only if a subscriber records the event.
+struct Label<'a, A: Attempt>(&'a A, &'a A::Output);
+
+impl<A: Attempt> fmt::Display for Label<'_, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.label(self.1, f)
+    }
 }
 
 /// The span of one logical operation; [`Run::finish`] records the retry
@@ -203,14 +266,9 @@ pub(crate) fn operation_span() -> tracing::Span {
 
 /// One event per attempt: number, status or error kind, class, chosen delay,
 /// and the reason when it is the last.
-pub(crate) fn trace_attempt(
-    ctx: &AttemptContext,
-    outcome: &dyn std::fmt::Display,
-    verdict: Verdict,
-    step: Step,
-) {
+fn trace_attempt(ctx: &AttemptContext, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
     let (delay_ms, stop_reason) = match step {
-        Step::Retry(d) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
+        Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
         Step::Stop(r) => (0, r.as_str()),
     };
     tracing::info!(
@@ -253,7 +311,8 @@ pub(crate) fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Durati
 /// What to do after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
-    Retry(Duration),
+    /// Sleep this long, then ask admission for a retry of this kind.
+    Retry(Duration, RetryKind),
     Stop(StopReason),
 }
 
@@ -261,32 +320,60 @@ pub(crate) enum Step {
 pub(crate) struct Run<'p> {
     policy: &'p RetryPolicy,
     limits: Limits,
+    started: Instant,
     deadline: Option<Instant>,
     attempt: u32,
     prev_delay: Duration,
+    /// The grant the current attempt was sent under (`None` for the first).
+    grant: Option<Grant>,
+    /// Whether the current delay was set by a server's Retry-After.
+    by_hint: bool,
     pub(crate) report: RetryReport,
 }
 
 impl<'p> Run<'p> {
     pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits) -> Self {
-        policy.metrics.call_started();
-        if let Some(budget) = &policy.budget {
-            budget.deposit();
-        }
         let now = policy.clock.now();
+        policy.metrics.call_started();
+        policy.admission.first_attempt(now);
         Run {
             policy,
             limits,
+            started: now,
             // An instant too far to represent is no deadline at all.
             deadline: limits.deadline.and_then(|d| now.checked_add(d)),
             attempt: 0,
             prev_delay: policy.settings.backoff.base(),
+            grant: None,
+            by_hint: false,
             report: RetryReport::new(),
         }
     }
 
+    /// The attempt loop: attempt → decide → sleep → admission → next.
+    pub(crate) async fn drive<A: Attempt>(mut self, op: &mut A) -> (A::Output, RetryReport) {
+        loop {
+            let ctx = self.context();
+            let outcome = op.attempt(ctx).await;
+            let verdict = outcome.verdict();
+            let step = self.decide(verdict);
+            trace_attempt(&ctx, &Label(op, &outcome.value), verdict, step);
+            let reason = match step {
+                Step::Stop(reason) => reason,
+                Step::Retry(delay, kind) => {
+                    self.sleep(delay).await;
+                    match self.admit(kind).await {
+                        Ok(()) => continue,
+                        Err(reason) => reason,
+                    }
+                }
+            };
+            return (outcome.into_value(), self.finish(reason));
+        }
+    }
+
     /// Begins the next attempt.
-    pub(crate) fn context(&mut self) -> AttemptContext {
+    fn context(&mut self) -> AttemptContext {
         self.attempt += 1;
         self.report.attempts = self.attempt;
         let time_left = self.time_left();
@@ -314,25 +401,33 @@ impl<'p> Run<'p> {
     }
 
     /// Decides, after an attempt, whether and how long to wait for the next.
-    pub(crate) fn decide(&mut self, verdict: Verdict) -> Step {
+    /// Pure but for the random draw and the counters; admission comes after
+    /// the sleep.
+    fn decide(&mut self, verdict: Verdict) -> Step {
+        let policy = self.policy;
+        policy.admission.record(
+            AttemptRecord::new(self.attempt, self.grant, verdict.result()),
+            policy.clock.now(),
+        );
         if self.attempt == 1 && verdict != Verdict::Success {
-            self.policy.metrics.first_attempt_failed();
+            policy.metrics.first_attempt_failed();
         }
-        let (hint, timed_out) = match verdict {
+        let (hint, kind) = match verdict {
             Verdict::Success => return Step::Stop(StopReason::Success),
-            Verdict::Stop(reason) => return Step::Stop(reason),
-            Verdict::Transient {
-                retry_after,
-                timed_out,
-            } => (retry_after, timed_out),
+            Verdict::Stop { reason, .. } => return Step::Stop(reason),
+            Verdict::Transient { retry_after, kind } => (retry_after, kind),
         };
         if self.attempt >= self.limits.max_attempts {
             return Step::Stop(StopReason::AttemptsExhausted);
         }
-        let settings = &self.policy.settings;
+        let settings = &policy.settings;
+        let backoff = match (kind, &settings.throttle_backoff) {
+            (RetryKind::Throttled, Some(throttle)) => throttle,
+            _ => &settings.backoff,
+        };
         let n = self.attempt - 1;
-        let (computed, delay) = self.policy.with_rng(|rng| {
-            let computed = settings.backoff.delay(n, self.prev_delay, rng);
+        let (computed, delay) = policy.with_rng(|rng| {
+            let computed = backoff.delay(n, self.prev_delay, rng);
             let delay = match hint {
                 Some(h) => retry_after::floor_with_jitter(computed, h, rng),
                 None => computed,
@@ -347,7 +442,7 @@ impl<'p> Run<'p> {
         if let Some(left) = self.time_left() {
             let needed = delay.saturating_add(settings.min_attempt_window);
             if needed > left {
-                self.policy.metrics.deadline_gave_up();
+                policy.metrics.deadline_gave_up();
                 let hint_alone_fits =
                     hint.is_none_or(|h| h.saturating_add(settings.min_attempt_window) <= left);
                 return Step::Stop(if hint_alone_fits {
@@ -357,33 +452,72 @@ impl<'p> Run<'p> {
                 });
             }
         }
-        if let Some(budget) = &self.policy.budget {
-            let paid = if timed_out {
-                budget.try_withdraw_timeout()
-            } else {
-                budget.try_withdraw_retry()
-            };
-            if !paid {
-                self.policy.metrics.budget_rejected();
-                return Step::Stop(StopReason::BudgetExhausted);
-            }
+        // A strategy that fails fast fails before the sleep.
+        if !policy.admission.may_admit(kind) {
+            policy.metrics.budget_rejected();
+            return Step::Stop(StopReason::BudgetExhausted);
         }
-        let by_hint = delay > computed;
-        self.policy.metrics.retried(by_hint);
-        if by_hint {
-            self.report.retry_after_honoured += 1;
-        }
+        self.by_hint = delay > computed;
         self.prev_delay = delay;
-        Step::Retry(delay)
+        Step::Retry(delay, kind)
     }
 
-    pub(crate) async fn sleep(&mut self, delay: Duration) {
+    async fn sleep(&mut self, delay: Duration) {
         self.report.delays.push(delay);
         self.policy.sleeper.sleep(delay).await;
     }
 
+    /// Waits for admission, bounded by the deadline: `Ok` once the retry
+    /// may be sent, or the reason to stop. A retry still waiting when no
+    /// attempt window is left ends with `budget_exhausted`: admission, not
+    /// the deadline, is why it was not sent.
+    async fn admit(&mut self, kind: RetryKind) -> Result<(), StopReason> {
+        let policy = self.policy;
+        let window = policy.settings.min_attempt_window;
+        let mut waited = Duration::ZERO;
+        loop {
+            let now = policy.clock.now();
+            match policy.admission.admit(RetryRequest::new(kind, waited), now) {
+                Admission::Admit(grant) => {
+                    self.grant = Some(grant);
+                    policy.metrics.admitted(grant.is_probe());
+                    policy.metrics.retried(self.by_hint);
+                    if self.by_hint {
+                        self.report.retry_after_honoured += 1;
+                    }
+                    return Ok(());
+                }
+                Admission::Wait(wait) => {
+                    if waited.is_zero() {
+                        policy.metrics.waited();
+                    }
+                    // The last look happens when exactly one attempt window
+                    // is left.
+                    let wait = match self.time_left() {
+                        Some(left) => wait.min(left.saturating_sub(window)),
+                        None => wait,
+                    };
+                    if wait.is_zero() {
+                        break;
+                    }
+                    policy.sleeper.sleep(wait).await;
+                    waited += wait;
+                    self.report.admission_wait += wait;
+                }
+                _ => break,
+            }
+        }
+        policy.metrics.budget_rejected();
+        Err(StopReason::BudgetExhausted)
+    }
+
     pub(crate) fn finish(mut self, reason: StopReason) -> RetryReport {
         self.report.stop_reason = reason;
+        self.report.elapsed = self
+            .policy
+            .clock
+            .now()
+            .saturating_duration_since(self.started);
         let span = tracing::Span::current();
         span.record("http.request.resend_count", self.attempt.saturating_sub(1));
         span.record("stop_reason", reason.as_str());

@@ -5,21 +5,66 @@ use std::fmt;
 use crate::report::RetryReport;
 
 /// A setting that cannot work, reported by a builder's `build()` or a
-/// validating constructor.
+/// validating constructor. It names the setting.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::RetryPolicy;
+///
+/// let err = RetryPolicy::builder()
+///     .deadline(Duration::from_millis(50))
+///     .min_attempt_window(Duration::from_millis(100))
+///     .build()
+///     .unwrap_err();
+/// assert_eq!(err.setting(), "deadline");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
+    setting: &'static str,
     message: &'static str,
 }
 
 impl ConfigError {
+    /// An error that names no setting (a standalone constructor).
     pub(crate) fn new(message: &'static str) -> Self {
-        ConfigError { message }
+        ConfigError {
+            setting: "",
+            message,
+        }
+    }
+
+    /// An error about `setting`.
+    pub(crate) fn named(setting: &'static str, message: &'static str) -> Self {
+        ConfigError { setting, message }
+    }
+
+    /// The same error, naming `setting` when it named none.
+    pub(crate) fn in_setting(mut self, setting: &'static str) -> Self {
+        if self.setting.is_empty() {
+            self.setting = setting;
+        }
+        self
+    }
+
+    /// The builder setting (or config field) that was wrong, such as
+    /// `max_attempts` or `budget.capacity`; empty when a standalone
+    /// constructor was called.
+    pub fn setting(&self) -> &'static str {
+        self.setting
     }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid retry configuration: {}", self.message)
+        if self.setting.is_empty() {
+            write!(f, "invalid retry configuration: {}", self.message)
+        } else {
+            write!(
+                f,
+                "invalid retry configuration: {}: {}",
+                self.setting, self.message
+            )
+        }
     }
 }
 
@@ -46,14 +91,14 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// The error a caller gets when the last attempt of a logical operation ended
-/// without a response (a transport error), or when the request was refused
-/// before anything was sent.
+/// The error a caller gets when the request was refused before anything was
+/// sent (an idempotency key that cannot be sent).
 ///
-/// It carries the [`RetryReport`]; [`std::error::Error::source`] is the last
+/// It carries the [`RetryReport`]; [`std::error::Error::source`] is the
 /// underlying error. The middleware returns it inside
 /// [`reqwest_middleware::Error::Middleware`]; [`RetryError::from_middleware`]
-/// finds it again.
+/// finds it again. A transport error is *not* wrapped: it comes back as
+/// reqwest made it, and the report goes to a [`crate::ReportSlot`].
 #[derive(Debug)]
 pub struct RetryError {
     report: RetryReport,

@@ -11,8 +11,9 @@
 //! - **capped exponential backoff with jitter** (full by default; equal,
 //!   decorrelated, proportional);
 //! - **Retry-After** in seconds and as an HTTP-date, as a floor with jitter;
-//! - a client-wide **retry budget**, so retries stay a small fraction of
-//!   traffic during an outage;
+//! - client-wide **retry admission**, so retries stay a small fraction of
+//!   traffic during an outage while a short blip still gets the retries it
+//!   needs (see [`AdaptiveAdmission`]);
 //! - a **deadline**: it never sleeps past it, and never starts an attempt that
 //!   cannot finish inside it;
 //! - a **report** of what happened, in the response's extensions.
@@ -36,7 +37,7 @@
 //! ```
 //!
 //! The same engine retries anything async — a database reconnect, an RPC —
-//! with [`retry`]; see the [`engine`] module.
+//! with [`retry`].
 //!
 //! # One retry layer
 //!
@@ -55,10 +56,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod admission;
 mod backoff;
-mod budget;
+mod builder;
 mod classify;
-pub mod engine;
+mod engine;
 mod error;
 mod idempotency;
 mod metrics;
@@ -68,14 +70,19 @@ mod policy;
 mod report;
 pub mod retry_after;
 mod runtime;
+mod safety;
 
 /// The README's examples compile as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
+    NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+};
 pub use backoff::{Backoff, Jitter};
-pub use budget::RetryBudget;
+pub use builder::RetryPolicyBuilder;
 pub use classify::{
     classify_error, classify_status, AttemptOutcome, Class, Classifier, DefaultClassifier,
 };
@@ -85,6 +92,6 @@ pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MA
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
-pub use policy::{RetryPolicy, RetryPolicyBuilder};
-pub use report::{RetryReport, StopReason};
+pub use policy::RetryPolicy;
+pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

@@ -25,6 +25,9 @@ pub struct Metrics {
     budget_rejections: AtomicU64,
     retry_after_honoured: AtomicU64,
     deadline_give_ups: AtomicU64,
+    admissions: AtomicU64,
+    probes: AtomicU64,
+    waits: AtomicU64,
     attempts: [AtomicU64; BUCKETS],
 }
 
@@ -40,8 +43,15 @@ pub struct MetricsSnapshot {
     pub retries: u64,
     /// Calls that ended without success.
     pub final_failures: u64,
-    /// Retries refused because the budget was empty.
+    /// Retries given up for lack of admission: refused by the budget, or
+    /// still waiting when the wait reached its bound.
     pub budget_rejections: u64,
+    /// Retries admitted and sent.
+    pub admissions: u64,
+    /// Of the admissions, the probes sent while failures continued.
+    pub probes: u64,
+    /// Retries that had to wait for admission (admitted or not).
+    pub waits: u64,
     /// Delays set by a server's Retry-After.
     pub retry_after_honoured: u64,
     /// Calls given up because another attempt would not fit the deadline
@@ -72,6 +82,17 @@ impl Metrics {
         self.budget_rejections.fetch_add(1, Ordering::Relaxed);
     }
 
+    pub(crate) fn admitted(&self, probe: bool) {
+        self.admissions.fetch_add(1, Ordering::Relaxed);
+        if probe {
+            self.probes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn waited(&self) {
+        self.waits.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn deadline_gave_up(&self) {
         self.deadline_give_ups.fetch_add(1, Ordering::Relaxed);
     }
@@ -95,6 +116,9 @@ impl Metrics {
             budget_rejections: get(&self.budget_rejections),
             retry_after_honoured: get(&self.retry_after_honoured),
             deadline_give_ups: get(&self.deadline_give_ups),
+            admissions: get(&self.admissions),
+            probes: get(&self.probes),
+            waits: get(&self.waits),
             attempts_per_call: self.attempts.iter().map(get).collect(),
         }
     }

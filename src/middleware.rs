@@ -1,38 +1,40 @@
-//! The reqwest-middleware adapter onto the engine: the attempt loop, nothing
-//! else.
+//! The reqwest-middleware adapter onto the engine: one HTTP attempt, which
+//! the engine's loop drives.
 //!
 //! ```no_run
-//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport};
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
 //!
 //! # async fn run() -> Result<(), reqwest_middleware::Error> {
 //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 //!     .with(RetryMiddleware::new(RetryPolicy::default()))
 //!     .build();
 //! let response = client.post("http://payments.internal/payments").send().await?;
-//! let report = response.extensions().get::<RetryReport>().unwrap();
+//! let report = response.retry_report().unwrap();
 //! println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());
 //! # Ok(()) }
 //! ```
 
-use http::{Extensions, HeaderValue, Method};
+use std::fmt;
+
+use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::classify::{
-    self, server_verdict, AttemptOutcome, Class, Classifier, DefaultClassifier, TransportFailure,
-};
-use crate::engine::{shorter, trace_attempt, AttemptContext, Limits, Run, Step, Verdict};
+use crate::admission::RetryKind;
+use crate::classify::{self, server_verdict, AttemptOutcome, Class, Classifier, DefaultClassifier};
+use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
 use crate::error::{KeyError, RetryError};
-use crate::idempotency::{is_idempotent, IdempotencyKey};
+use crate::idempotency::IdempotencyKey;
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
-use crate::report::{RetryReport, StopReason};
+use crate::report::{ReportSlot, RetryReport, StopReason};
 use crate::retry_after;
+use crate::safety::{self, Judgement};
 
 /// Retries requests as the [`RetryPolicy`] says. Add it to a
 /// `reqwest_middleware::ClientBuilder`; clones of the client share it, its
-/// budget and its counters.
+/// retry admission and its counters.
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     policy: RetryPolicy,
@@ -44,7 +46,7 @@ impl RetryMiddleware {
         RetryMiddleware { policy }
     }
 
-    /// The policy, for its budget and counters.
+    /// The policy, for its admission and counters.
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
     }
@@ -67,6 +69,9 @@ impl Middleware for RetryMiddleware {
             Err(e) => {
                 let mut report = RetryReport::new();
                 report.stop_reason = StopReason::Permanent;
+                if let Some(slot) = extensions.get::<ReportSlot>() {
+                    slot.fill(report.clone());
+                }
                 return Err(refused(report, e));
             }
         };
@@ -79,9 +84,39 @@ impl Middleware for RetryMiddleware {
             http.request.resend_count = tracing::field::Empty,
             stop_reason = tracing::field::Empty,
         );
-        self.attempts(request, key, &options, extensions, next)
-            .instrument(span)
-            .await
+        let policy = &self.policy;
+        let limits = Limits {
+            max_attempts: options.max_attempts.unwrap_or(policy.settings.max_attempts),
+            deadline: options.deadline.or(policy.settings.deadline),
+            attempt_timeout: options.attempt_timeout.or(policy.settings.attempt_timeout),
+        };
+        let mut attempts = HttpAttempts {
+            policy,
+            options: &options,
+            keyed: key.is_some(),
+            max_attempts: limits.max_attempts,
+            caller_timeout: request.timeout().copied(),
+            request: Some(request),
+            extensions,
+            next,
+        };
+        async move {
+            let mut run = Run::start(policy, limits);
+            run.report.idempotency_key = key.as_ref().map(|k| k.as_str().to_owned());
+            let (result, report) = run.drive(&mut attempts).await;
+            if let Some(slot) = attempts.extensions.get::<ReportSlot>() {
+                slot.fill(report.clone());
+            }
+            // A transport error goes back as it came, so the caller's
+            // `is_timeout()`, `is_connect()`, `status()` and `url()` keep
+            // working; the report is in the slot.
+            result.map(|mut response| {
+                response.extensions_mut().insert(report);
+                response
+            })
+        }
+        .instrument(span)
+        .await
     }
 }
 
@@ -111,110 +146,84 @@ impl RetryMiddleware {
             .insert(settings.key_header.clone(), value);
         Ok(Some(key))
     }
+}
 
-    async fn attempts(
-        &self,
-        template: Request,
-        key: Option<IdempotencyKey>,
-        options: &RequestOptions,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let policy = &self.policy;
-        let limits = Limits {
-            max_attempts: options.max_attempts.unwrap_or(policy.settings.max_attempts),
-            deadline: options.deadline.or(policy.settings.deadline),
-            attempt_timeout: options.attempt_timeout.or(policy.settings.attempt_timeout),
-        };
-        let caller_timeout = template.timeout().copied();
-        let mut run = Run::start(policy, limits);
-        run.report.idempotency_key = key.as_ref().map(|k| k.as_str().to_owned());
-        let repeatable = is_idempotent(template.method()) || key.is_some();
-        let mut request = template;
-        loop {
-            let ctx = run.context();
-            // A copy for the next attempt; `None` when the body is a stream,
-            // which is sent once, or when no attempt can follow this one.
-            let spare = if ctx.attempt() < limits.max_attempts {
-                request.try_clone()
-            } else {
-                None
-            };
-            *request.timeout_mut() = shorter(caller_timeout, ctx.timeout());
-            self.stamp_headers(&mut request, &ctx);
-            let method = request.method().clone();
+/// One logical HTTP operation: the request for the next attempt and what
+/// each attempt needs.
+struct HttpAttempts<'a> {
+    policy: &'a RetryPolicy,
+    options: &'a RequestOptions,
+    keyed: bool,
+    max_attempts: u32,
+    caller_timeout: Option<std::time::Duration>,
+    /// The request the next attempt sends; `None` once a body that cannot
+    /// be copied has been sent.
+    request: Option<Request>,
+    extensions: &'a mut Extensions,
+    next: Next<'a>,
+}
 
-            let result = next.clone().run(request, extensions).await;
-            let cloneable = spare.is_some() || ctx.attempt() >= limits.max_attempts;
-            let verdict = self.judge(
-                &method,
-                key.is_some(),
-                repeatable,
-                cloneable,
-                options,
-                &result,
+/// The error of an attempt that had no request left to send. The safety
+/// rule stops a stream after its one attempt, so this is a guard only.
+#[derive(Debug)]
+struct NothingToResend;
+
+impl fmt::Display for NothingToResend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request body cannot be sent twice")
+    }
+}
+
+impl std::error::Error for NothingToResend {}
+
+impl Attempt for HttpAttempts<'_> {
+    type Output = reqwest_middleware::Result<Response>;
+
+    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<Self::Output> {
+        let Some(mut request) = self.request.take() else {
+            return Outcome::stop(
+                Err(reqwest_middleware::Error::middleware(NothingToResend)),
+                StopReason::BodyNotCloneable,
             );
-            let step = run.decide(verdict);
-            trace_attempt(&ctx, &AttemptLabel(&result), verdict, step);
-            let reason = match (step, spare) {
-                (Step::Retry(delay), Some(spare)) => {
-                    run.sleep(delay).await;
-                    request = spare;
-                    continue;
-                }
-                // With no copy, `judge` never calls the outcome transient, or
-                // the attempts are used up; this arm keeps that promise
-                // without a panic.
-                (Step::Retry(_), None) => StopReason::BodyNotCloneable,
-                (Step::Stop(reason), _) => reason,
-            };
-            let report = run.finish(reason);
-            return match result {
-                Ok(mut response) => {
-                    response.extensions_mut().insert(report);
-                    Ok(response)
-                }
-                Err(error) => Err(reqwest_middleware::Error::Middleware(anyhow::Error::new(
-                    RetryError::new(report, error),
-                ))),
-            };
-        }
+        };
+        // A copy for the next attempt; `None` when the body is a stream,
+        // which is sent once, or when no attempt can follow this one.
+        let last = ctx.attempt() >= self.max_attempts;
+        self.request = if last { None } else { request.try_clone() };
+        let cloneable = last || self.request.is_some();
+        *request.timeout_mut() = shorter(self.caller_timeout, ctx.timeout());
+        stamp_headers(self.policy, &mut request, &ctx);
+        let method = request.method().clone();
+        let result = self.next.clone().run(request, self.extensions).await;
+        let verdict = self.verdict(&method, cloneable, &result);
+        Outcome::new(result, verdict)
     }
 
-    /// Sends the attempt number and the time left downstream, when asked to.
-    fn stamp_headers(&self, request: &mut Request, ctx: &AttemptContext) {
-        let settings = &self.policy.settings;
-        if let Some(name) = &settings.attempt_header {
-            request
-                .headers_mut()
-                .insert(name.clone(), HeaderValue::from(ctx.attempt()));
-        }
-        if let (Some(name), Some(left)) = (&settings.deadline_header, ctx.time_left()) {
-            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            request
-                .headers_mut()
-                .insert(name.clone(), HeaderValue::from(ms));
+    fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match value {
+            Ok(r) => f.write_str(r.status().as_str()),
+            Err(e) => f.write_str(classify::transport_failure(e).name()),
         }
     }
+}
 
+impl HttpAttempts<'_> {
     /// Classifies one attempt and applies the safety rule.
-    fn judge(
+    fn verdict(
         &self,
-        method: &Method,
-        keyed: bool,
-        repeatable: bool,
+        method: &http::Method,
         cloneable: bool,
-        options: &RequestOptions,
         result: &reqwest_middleware::Result<Response>,
     ) -> Verdict {
-        let policy = &self.policy;
+        let policy = self.policy;
         let attempt = AttemptOutcome {
             method,
-            carried_key: keyed,
+            carried_key: self.keyed,
             result: result.as_ref(),
         };
         let failure = result.as_ref().err().map(classify::transport_failure);
-        let user = options
+        let user = self
+            .options
             .classifier
             .iter()
             .chain(policy.classifiers.iter())
@@ -227,31 +236,53 @@ impl RetryMiddleware {
         };
         let class = match (user, verdict_header) {
             (Some(class), _) => class,
-            (None, Some(false)) => return Verdict::Stop(StopReason::ServerSaidNo),
+            (None, Some(false)) => return Verdict::stop(StopReason::ServerSaidNo),
             (None, Some(true)) => Class::Transient,
             (None, None) => DefaultClassifier
                 .classify(&attempt)
                 .unwrap_or(Class::Permanent),
         };
-        let verdict = match class {
-            Class::Success => Verdict::Success,
-            Class::Permanent => Verdict::Stop(StopReason::Permanent),
-            // The safety rule: a non-idempotent request without a key is
-            // repeated only when the failure proves it never reached the
-            // server.
-            Class::Transient if !repeatable && failure != Some(TransportFailure::Connect) => {
-                Verdict::Stop(StopReason::NotIdempotent)
-            }
-            Class::Transient if !cloneable => Verdict::Stop(StopReason::BodyNotCloneable),
-            Class::Transient => Verdict::Transient {
-                retry_after: result
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| retry_after::from_headers(r.headers(), policy.clock.wall())),
-                timed_out: failure == Some(TransportFailure::Timeout),
-            },
+        let facts = safety::Attempt {
+            method,
+            keyed: self.keyed,
+            failure,
+            cloneable,
         };
-        verdict
+        match safety::judge(facts, class) {
+            Judgement::Success => Verdict::Success,
+            Judgement::Stop { reason, failed } => Verdict::Stop { reason, failed },
+            Judgement::Retry => {
+                let response = result.as_ref().ok();
+                let kind = if failure == Some(classify::TransportFailure::Timeout) {
+                    RetryKind::Timeout
+                } else if response.is_some_and(|r| r.status().as_u16() == 429) {
+                    RetryKind::Throttled
+                } else {
+                    RetryKind::Transient
+                };
+                Verdict::Transient {
+                    retry_after: response
+                        .and_then(|r| retry_after::from_headers(r.headers(), policy.clock.wall())),
+                    kind,
+                }
+            }
+        }
+    }
+}
+
+/// Sends the attempt number and the time left downstream, when asked to.
+fn stamp_headers(policy: &RetryPolicy, request: &mut Request, ctx: &AttemptContext) {
+    let settings = &policy.settings;
+    if let Some(name) = &settings.attempt_header {
+        request
+            .headers_mut()
+            .insert(name.clone(), HeaderValue::from(ctx.attempt()));
+    }
+    if let (Some(name), Some(left)) = (&settings.deadline_header, ctx.time_left()) {
+        let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        request
+            .headers_mut()
+            .insert(name.clone(), HeaderValue::from(ms));
     }
 }
 
@@ -261,17 +292,4 @@ fn refused(report: RetryReport, error: KeyError) -> reqwest_middleware::Error {
         report,
         reqwest_middleware::Error::middleware(error),
     )))
-}
-
-/// An attempt's status or transport-error kind, formatted only if a
-/// subscriber records the event.
-struct AttemptLabel<'a>(&'a reqwest_middleware::Result<Response>);
-
-impl std::fmt::Display for AttemptLabel<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Ok(r) => f.write_str(r.status().as_str()),
-            Err(e) => f.write_str(classify::transport_failure(e).name()),
-        }
-    }
 }

@@ -2,7 +2,10 @@
 //! key, and why the loop stopped.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::runtime::lock;
 
 /// Why the retry loop stopped. An enum, not a string, so callers can match.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -57,12 +60,18 @@ impl fmt::Display for StopReason {
 /// The record of one logical operation.
 ///
 /// The middleware puts it in the final response's extensions
-/// (`response.extensions().get::<RetryReport>()`) and in the
-/// [`crate::RetryError`] of a failed call.
+/// ([`RetryReportExt::retry_report`]) and, when the caller asked for it, in
+/// a [`ReportSlot`] — the way to reach it when the call ends in an error.
+///
+/// It serializes with durations in milliseconds:
+/// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"elapsed_ms":90.1,
+/// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,
     pub(crate) delays: Vec<Duration>,
+    pub(crate) admission_wait: Duration,
+    pub(crate) elapsed: Duration,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
@@ -73,10 +82,24 @@ impl RetryReport {
         RetryReport {
             attempts: 0,
             delays: Vec::new(),
+            admission_wait: Duration::ZERO,
+            elapsed: Duration::ZERO,
             idempotency_key: None,
             stop_reason: StopReason::Success,
             retry_after_honoured: 0,
         }
+    }
+
+    /// Time the retries spent waiting for admission (not included in
+    /// [`RetryReport::delays`]).
+    pub fn admission_wait(&self) -> Duration {
+        self.admission_wait
+    }
+
+    /// Total time of the logical operation, from the first attempt to the
+    /// end of the last, measured on the policy's clock.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
     }
 
     /// Attempts made, the first included.
@@ -102,5 +125,101 @@ impl RetryReport {
     /// How many of the delays were set by a server's Retry-After.
     pub fn retry_after_honoured(&self) -> u32 {
         self.retry_after_honoured
+    }
+}
+
+impl serde::Serialize for RetryReport {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut s = serializer.serialize_struct("RetryReport", 7)?;
+        s.serialize_field("attempts", &self.attempts)?;
+        let delays: Vec<f64> = self.delays.iter().copied().map(ms).collect();
+        s.serialize_field("delays_ms", &delays)?;
+        s.serialize_field("admission_wait_ms", &ms(self.admission_wait))?;
+        s.serialize_field("elapsed_ms", &ms(self.elapsed))?;
+        s.serialize_field("idempotency_key", &self.idempotency_key)?;
+        s.serialize_field("stop_reason", &self.stop_reason)?;
+        s.serialize_field("retry_after_honoured", &self.retry_after_honoured)?;
+        s.end()
+    }
+}
+
+/// Reads the [`RetryReport`] a response carries.
+///
+/// ```no_run
+/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
+///
+/// # async fn run() -> Result<(), reqwest_middleware::Error> {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()))
+///     .build();
+/// let response = client.get("http://orders.internal/orders/42").send().await?;
+/// if let Some(report) = response.retry_report() {
+///     println!("{} attempt(s)", report.attempts());
+/// }
+/// # Ok(()) }
+/// ```
+pub trait RetryReportExt {
+    /// The report of the logical operation that produced this response.
+    fn retry_report(&self) -> Option<&RetryReport>;
+}
+
+impl RetryReportExt for reqwest::Response {
+    fn retry_report(&self) -> Option<&RetryReport> {
+        self.extensions().get::<RetryReport>()
+    }
+}
+
+/// A place for the report of a call that may end in an error.
+///
+/// A transport error comes back exactly as reqwest made it
+/// (`reqwest_middleware::Error::Reqwest`), so `is_timeout()`,
+/// `is_connect()`, `status()` and `url()` keep working; to learn what the
+/// retries did, put a slot in the request's extensions and read it after
+/// the call, whatever its result. Clones share the slot.
+///
+/// ```no_run
+/// use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy};
+///
+/// # async fn run() {
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::default()))
+///     .build();
+/// let slot = ReportSlot::new();
+/// let result = client
+///     .get("http://orders.internal/orders/42")
+///     .with_extension(slot.clone())
+///     .send()
+///     .await;
+/// if let Err(err) = result {
+///     let report = slot.take().expect("filled by the middleware");
+///     eprintln!("timeout: {}, after {} attempt(s)", err.is_timeout(), report.attempts());
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ReportSlot {
+    inner: Arc<Mutex<Option<RetryReport>>>,
+}
+
+impl ReportSlot {
+    /// An empty slot.
+    pub fn new() -> Self {
+        ReportSlot::default()
+    }
+
+    /// A copy of the report, once the call has finished.
+    pub fn get(&self) -> Option<RetryReport> {
+        lock(&self.inner).clone()
+    }
+
+    /// The report, leaving the slot empty.
+    pub fn take(&self) -> Option<RetryReport> {
+        lock(&self.inner).take()
+    }
+
+    pub(crate) fn fill(&self, report: RetryReport) {
+        *lock(&self.inner) = Some(report);
     }
 }

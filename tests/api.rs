@@ -14,7 +14,9 @@ fn public_types_are_send_sync_and_debug() {
     send_sync::<RetryError>();
     send_sync::<ConfigError>();
     send_sync::<KeyError>();
-    send_sync::<RetryBudget>();
+    send_sync::<TokenBucket>();
+    send_sync::<AdaptiveAdmission>();
+    send_sync::<NoAdmission>();
     send_sync::<RequestOptions>();
     send_sync::<ManualClock>();
     debug::<RetryMiddleware>();
@@ -22,6 +24,10 @@ fn public_types_are_send_sync_and_debug() {
     debug::<RequestOptions>();
     debug::<MetricsSnapshot>();
     debug::<Backoff>();
+    debug::<AdaptiveConfig>();
+    debug::<TokenBucketConfig>();
+    debug::<RetryRequest>();
+    debug::<Admission>();
 }
 
 #[test]
@@ -29,6 +35,7 @@ fn extension_points_are_object_safe() {
     let _: Option<Box<dyn Classifier>> = None;
     let _: Option<Box<dyn Sleeper>> = None;
     let _: Option<Box<dyn Clock>> = None;
+    let _: Option<Box<dyn RetryAdmission>> = None;
 }
 
 #[test]

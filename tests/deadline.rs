@@ -155,11 +155,17 @@ async fn a_transport_error_that_cannot_be_retried_in_time_is_returned_at_once() 
         .build()
         .unwrap();
     let (c, _) = client(p);
-    let err = c.get(format!("http://{addr}/")).send().await.unwrap_err();
-    let e = reqwest_safe_retry::RetryError::from_middleware(&err).unwrap();
-    assert!(e.is_connect(), "the last error, unchanged");
-    assert_eq!(e.report().stop_reason(), StopReason::Deadline);
-    assert_eq!(e.report().delays(), [ms(400), ms(400)]);
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let err = c
+        .get(format!("http://{addr}/"))
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_connect(), "the last error, unchanged");
+    let report = slot.take().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    assert_eq!(report.delays(), [ms(400), ms(400)]);
     assert_eq!(clock.elapsed(), ms(800));
 }
 

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason};
+use reqwest_safe_retry::{
+    retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason, TokenBucketConfig,
+};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -106,7 +108,12 @@ async fn timeouts_can_cost_more_budget() {
     let clock = ManualClock::new();
     let p = policy(&clock)
         .max_attempts(10)
-        .budget_with_timeout_cost(10.0, 0.0, 1.0, 5.0)
+        .token_bucket(TokenBucketConfig {
+            capacity: 10.0,
+            first_attempt_deposit: 0.0,
+            timeout_cost: 5.0,
+            ..TokenBucketConfig::default()
+        })
         .build()
         .unwrap();
     let (_, report) = retry(&p, |_| async { Outcome::transient(()).timed_out() }).await;
@@ -265,4 +272,78 @@ async fn the_default_sleeper_uses_tokio_time() {
     .await;
     assert_eq!(report.delays(), [Duration::from_secs(5)]);
     assert_eq!(start.elapsed(), Duration::from_secs(5));
+}
+
+/// Runs one operation under `p` whose attempts end as `script` says
+/// (`'t'` transient, `'T'` throttled, `'s'` success; the last repeats).
+async fn scripted(p: &RetryPolicy, script: &'static str) -> reqwest_safe_retry::RetryReport {
+    let (_, report) = retry(p, |ctx| async move {
+        let i = (ctx.attempt() as usize - 1).min(script.len() - 1);
+        match script.as_bytes()[i] {
+            b's' => Outcome::success(()),
+            b'T' => Outcome::transient(()).throttled(),
+            _ => Outcome::transient(()),
+        }
+    })
+    .await;
+    report
+}
+
+#[tokio::test]
+async fn the_aws_preset_backs_off_from_50_ms_and_from_1_s_when_throttled() {
+    let clock = ManualClock::new();
+    let p = RetryPolicy::aws_standard()
+        .manual_clock(&clock)
+        .seed(5)
+        .build()
+        .unwrap();
+    assert_eq!(p.max_attempts(), 3);
+    assert_eq!(p.backoff().cap(), Duration::from_secs(20));
+    let mut transient = Vec::new();
+    let mut throttled = Vec::new();
+    for _ in 0..200 {
+        transient.extend_from_slice(scripted(&p, "ts").await.delays());
+        throttled.extend_from_slice(scripted(&p, "Ts").await.delays());
+    }
+    // Full jitter: U(0, 50 ms) after a transient error, U(0, 1 s) after a
+    // throttling answer.
+    assert!(transient.iter().all(|d| *d <= ms(50)));
+    assert!(transient.iter().any(|d| *d > ms(40)));
+    assert!(throttled.iter().all(|d| *d <= ms(1000)));
+    assert!(throttled.iter().filter(|d| **d > ms(50)).count() > 150);
+}
+
+#[tokio::test]
+async fn the_aws_quota_charges_14_and_5_refunds_successes_and_credits_clean_calls() {
+    let clock = ManualClock::new();
+    let p = RetryPolicy::aws_standard()
+        .manual_clock(&clock)
+        .seed(5)
+        .build()
+        .unwrap();
+    // A retry that succeeds gets its 14 tokens back: the quota stays full.
+    for _ in 0..100 {
+        assert_eq!(scripted(&p, "ts").await.stop_reason(), StopReason::Success);
+    }
+    // 500 tokens buy 35 transient retries (14 each), then none.
+    let mut retries = 0;
+    for _ in 0..30 {
+        retries += scripted(&p, "t").await.attempts() - 1;
+    }
+    assert_eq!(retries, 35);
+    assert_eq!(
+        scripted(&p, "t").await.stop_reason(),
+        StopReason::BudgetExhausted
+    );
+    // 10 tokens left; a throttled retry costs 5: two of them.
+    assert_eq!(scripted(&p, "T").await.attempts(), 3);
+    assert_eq!(scripted(&p, "T").await.attempts(), 1);
+    // Each success that needed no retry credits one token: 14 of them buy
+    // one transient retry.
+    for _ in 0..13 {
+        scripted(&p, "s").await;
+    }
+    assert_eq!(scripted(&p, "t").await.attempts(), 1);
+    scripted(&p, "s").await;
+    assert_eq!(scripted(&p, "t").await.attempts(), 2);
 }

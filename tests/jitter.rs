@@ -127,3 +127,59 @@ fn full_jitter_is_the_default() {
     let p = reqwest_safe_retry::RetryPolicy::default();
     assert_eq!(p.backoff().jitter(), Jitter::Full);
 }
+
+/// Draws `n` delays at attempt `k` and returns them as fractions of the
+/// ceiling.
+fn fractions(jitter: Jitter, k: u32, n: usize) -> Vec<f64> {
+    let b = Backoff::new(ms(100), Duration::from_secs(10))
+        .unwrap()
+        .with_jitter(jitter);
+    let ceiling = b.ceiling(k).as_secs_f64();
+    let mut rng = StdRng::seed_from_u64(11);
+    (0..n)
+        .map(|_| b.delay(k, b.base(), &mut rng).as_secs_f64() / ceiling)
+        .collect()
+}
+
+/// Asserts the samples are uniform over `[lo, hi]`: ten equal bins each
+/// hold 10 % ± 1.5 % of them, and none falls outside.
+fn assert_uniform(samples: &[f64], lo: f64, hi: f64, what: &str) {
+    let mut bins = [0usize; 10];
+    for &x in samples {
+        assert!(x >= lo - 1e-9 && x <= hi + 1e-9, "{what}: {x} outside");
+        let i = (((x - lo) / (hi - lo)) * 10.0).floor() as usize;
+        bins[i.min(9)] += 1;
+    }
+    let n = samples.len() as f64;
+    for (i, &count) in bins.iter().enumerate() {
+        let share = count as f64 / n;
+        assert!((share - 0.1).abs() < 0.015, "{what}: bin {i} holds {share}");
+    }
+}
+
+#[test]
+fn equal_jitter_is_uniform_over_the_upper_half_of_the_ceiling() {
+    for k in [0, 3, 10_000] {
+        let f = fractions(Jitter::Equal, k, 40_000);
+        assert_uniform(&f, 0.5, 1.0, "equal");
+        // Not a point mass at either end.
+        let mean = f.iter().sum::<f64>() / f.len() as f64;
+        assert!((mean - 0.75).abs() < 0.01, "{mean}");
+    }
+}
+
+#[test]
+fn proportional_jitter_is_uniform_around_the_ceiling() {
+    for k in [0, 3, 10_000] {
+        let f = fractions(Jitter::Proportional(0.2), k, 40_000);
+        assert_uniform(&f, 0.8, 1.2, "proportional");
+        let mean = f.iter().sum::<f64>() / f.len() as f64;
+        assert!((mean - 1.0).abs() < 0.01, "{mean}");
+    }
+}
+
+#[test]
+fn full_jitter_is_uniform_below_the_ceiling() {
+    let f = fractions(Jitter::Full, 4, 40_000);
+    assert_uniform(&f, 0.0, 1.0, "full");
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use http::Method;
 
-use reqwest_safe_retry::{ManualClock, RequestOptions, RetryError, RetryReport, StopReason};
+use reqwest_safe_retry::{ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason};
 use support::{client, faulty_server, policy, refused_addr, Fault};
 
 fn unkeyed() -> RequestOptions {
@@ -14,8 +14,13 @@ fn unkeyed() -> RequestOptions {
 }
 
 /// Sends `method` with a body to a server that fails with `fault`; returns
-/// the error's report and how many requests the server read.
-async fn send_to(fault: Fault, method: Method, options: RequestOptions) -> (RetryError, usize) {
+/// the error as reqwest made it, the report, and how many requests the
+/// server read.
+async fn send_to(
+    fault: Fault,
+    method: Method,
+    options: RequestOptions,
+) -> (reqwest_middleware::Error, RetryReport, usize) {
     let (addr, count) = faulty_server(fault).await;
     let clock = ManualClock::new();
     let (c, _) = client(
@@ -24,20 +29,16 @@ async fn send_to(fault: Fault, method: Method, options: RequestOptions) -> (Retr
             .build()
             .unwrap(),
     );
+    let slot = ReportSlot::new();
     let err = c
         .request(method, format!("http://{addr}/"))
         .with_extension(options)
+        .with_extension(slot.clone())
         .body("charge")
         .send()
         .await
         .unwrap_err();
-    let reqwest_middleware::Error::Middleware(inner) = err else {
-        panic!("the error carries a report");
-    };
-    (
-        inner.downcast::<RetryError>().unwrap(),
-        count.load(Ordering::SeqCst),
-    )
+    (err, slot.take().unwrap(), count.load(Ordering::SeqCst))
 }
 
 #[tokio::test]
@@ -60,16 +61,16 @@ async fn an_unkeyed_post_is_not_retried_after_a_5xx() {
 
 #[tokio::test]
 async fn an_unkeyed_post_is_not_retried_after_a_reset() {
-    let (e, received) = send_to(Fault::Reset, Method::POST, unkeyed()).await;
-    assert_eq!(e.report().stop_reason(), StopReason::NotIdempotent);
+    let (_, report, received) = send_to(Fault::Reset, Method::POST, unkeyed()).await;
+    assert_eq!(report.stop_reason(), StopReason::NotIdempotent);
     assert_eq!(received, 1);
 }
 
 #[tokio::test]
 async fn an_unkeyed_patch_is_not_retried_after_a_timeout() {
-    let (e, received) = send_to(Fault::Hang, Method::PATCH, unkeyed()).await;
-    assert!(e.is_timeout());
-    assert_eq!(e.report().stop_reason(), StopReason::NotIdempotent);
+    let (err, report, received) = send_to(Fault::Hang, Method::PATCH, unkeyed()).await;
+    assert!(err.is_timeout());
+    assert_eq!(report.stop_reason(), StopReason::NotIdempotent);
     assert_eq!(received, 1);
 }
 
@@ -78,31 +79,34 @@ async fn an_unkeyed_post_is_retried_after_a_refused_connection() {
     let addr = refused_addr().await;
     let clock = ManualClock::new();
     let (c, recorder) = client(policy(&clock).build().unwrap());
+    let slot = ReportSlot::new();
     let err = c
         .post(format!("http://{addr}/"))
         .with_extension(unkeyed())
+        .with_extension(slot.clone())
         .send()
         .await
         .unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
-    assert_eq!(e.report().stop_reason(), StopReason::AttemptsExhausted);
+    assert!(err.is_connect());
+    let report = slot.take().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
     assert_eq!(recorder.sent().len(), 3);
-    assert_eq!(e.report().idempotency_key(), None);
+    assert_eq!(report.idempotency_key(), None);
 }
 
 #[tokio::test]
 async fn a_keyed_post_is_retried_after_a_reset() {
-    let (e, received) = send_to(Fault::Reset, Method::POST, RequestOptions::new()).await;
-    assert!(e.report().idempotency_key().is_some());
-    assert_eq!(e.report().stop_reason(), StopReason::AttemptsExhausted);
+    let (_, report, received) = send_to(Fault::Reset, Method::POST, RequestOptions::new()).await;
+    assert!(report.idempotency_key().is_some());
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
     assert_eq!(received, 3);
 }
 
 #[tokio::test]
 async fn idempotent_methods_are_retried_without_a_key() {
-    let (e, received) = send_to(Fault::Reset, Method::PUT, RequestOptions::new()).await;
-    assert_eq!(e.report().idempotency_key(), None);
-    assert_eq!(e.report().stop_reason(), StopReason::AttemptsExhausted);
+    let (_, report, received) = send_to(Fault::Reset, Method::PUT, RequestOptions::new()).await;
+    assert_eq!(report.idempotency_key(), None);
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
     assert_eq!(received, 3);
 }
 
@@ -122,4 +126,23 @@ async fn a_streaming_body_is_sent_once_and_the_report_says_why() {
     let received = server.received_requests().await.unwrap();
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].body, b"part one, part two");
+}
+
+#[tokio::test]
+async fn the_streaming_body_guard_stops_before_any_backoff_or_admission() {
+    // The safety rule itself stops a stream, before the engine decides on a
+    // retry: no delay is drawn, nothing sleeps, nothing is admitted.
+    let server = support::answering(503).await;
+    let clock = ManualClock::new();
+    let p = policy(&clock).build().unwrap();
+    let (c, _) = client(p.clone());
+    let chunks: Vec<Result<&'static [u8], std::io::Error>> = vec![Ok(b"stream")];
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let response = c.post(server.uri()).body(body).send().await.unwrap();
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::BodyNotCloneable);
+    assert!(report.delays().is_empty());
+    assert!(clock.sleeps().is_empty());
+    let m = p.metrics().snapshot();
+    assert_eq!((m.retries, m.admissions, m.waits), (0, 0, 0));
 }

@@ -1,0 +1,250 @@
+//! Retry admission: whether a retry may go out now, decided for the whole
+//! client.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use reqwest_safe_retry::{
+//!     Admission, AdaptiveAdmission, AdaptiveConfig, AttemptRecord, AttemptResult, RetryAdmission,
+//!     RetryKind, RetryRequest,
+//! };
+//!
+//! let admission = AdaptiveAdmission::new(AdaptiveConfig {
+//!     capacity: 1.0,
+//!     ..AdaptiveConfig::default()
+//! })
+//! .unwrap();
+//! let now = Instant::now();
+//! let retry = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
+//! // One token: the first retry goes out at once.
+//! assert!(matches!(admission.admit(retry, now), Admission::Admit(_)));
+//! // The bucket is empty: the next one is a probe…
+//! let Admission::Admit(probe) = admission.admit(retry, now) else { panic!() };
+//! assert!(probe.is_probe());
+//! // …and the one after that waits instead of failing.
+//! assert!(matches!(admission.admit(retry, now), Admission::Wait(_)));
+//! // The probe succeeded: evidence of recovery releases waiting retries,
+//! // paced (10 per second, growing while they succeed).
+//! admission.record(AttemptRecord::new(2, Some(probe), AttemptResult::Success), now);
+//! let later = now + Duration::from_millis(100);
+//! assert!(matches!(admission.admit(retry, later), Admission::Admit(_)));
+//! ```
+//!
+//! # Why admission and not only a maximum of attempts
+//!
+//! `max_attempts = 3` caps one call, not the fleet: during an outage every
+//! call makes three attempts and the failing service sees three times its
+//! normal load exactly when it can least take it — and with retries at `k`
+//! layers of a call chain, `3^k` times. A budget ties retries to real
+//! traffic: each first attempt deposits a fraction of a token (10 % by
+//! default) and each retry spends a whole one, so retries stay near a tenth
+//! of traffic however long the outage lasts (Google SRE book, ch. 22; gRPC
+//! retry throttling; Finagle and Envoy ship the same idea on by default).
+//!
+//! A budget that *refuses* a retry when it is empty ([`TokenBucket`], "fail
+//! fast") pays for that with the short blips retries exist for: 400 calls
+//! that fail together for one second drain it in milliseconds, and every one
+//! of them fails. The default, [`AdaptiveAdmission`], makes such a retry
+//! *wait* instead (bounded by its deadline), sends probes at a floor rate
+//! while the failures continue, and releases the waiting retries at a rate
+//! that grows while retries succeed (slow start) and halves when they fail. First attempts are never held back.
+//!
+//! # Writing your own
+//!
+//! [`RetryAdmission`] is object-safe; a circuit breaker or hedged requests
+//! can share one instance with the retry loop through
+//! `RetryPolicyBuilder::shared_admission`.
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+mod adaptive;
+mod token_bucket;
+
+pub use adaptive::{AdaptiveAdmission, AdaptiveConfig};
+pub use token_bucket::{TokenBucket, TokenBucketConfig};
+
+/// Decides, for every clone of a client, whether a retry may go out now.
+///
+/// The engine calls [`RetryAdmission::first_attempt`] when a logical
+/// operation starts, [`RetryAdmission::admit`] when a retry has slept its
+/// backoff and is about to be sent, and [`RetryAdmission::record`] after
+/// every attempt. Time comes from the policy's clock, so an implementation
+/// is tested with a [`crate::ManualClock`] and no real sleeping.
+pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
+    /// A logical operation sends its first attempt. First attempts are never
+    /// held back; this only lets the admission count traffic.
+    fn first_attempt(&self, now: Instant);
+
+    /// Whether a retry of this kind could be admitted at all, asked before
+    /// the backoff sleep so that a strategy that fails fast fails before
+    /// sleeping. Nothing is spent. The default says yes.
+    fn may_admit(&self, kind: RetryKind) -> bool {
+        let _ = kind;
+        true
+    }
+
+    /// May this retry be sent now? Called after the backoff sleep, so a
+    /// retry is counted when it is sent, not when it starts sleeping.
+    fn admit(&self, retry: RetryRequest, now: Instant) -> Admission;
+
+    /// How an attempt ended, with the grant it was sent under (`None` for a
+    /// first attempt).
+    fn record(&self, attempt: AttemptRecord, now: Instant);
+}
+
+/// What kind of failure a retry follows; strategies may price them
+/// differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryKind {
+    /// A transient failure (5xx, a reset, a refused connection).
+    Transient,
+    /// The attempt timed out.
+    Timeout,
+    /// The server throttled the request (429).
+    Throttled,
+}
+
+/// A retry asking for admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryRequest {
+    kind: RetryKind,
+    waited: Duration,
+}
+
+impl RetryRequest {
+    /// A retry of `kind` that has already waited `waited` for admission.
+    pub const fn new(kind: RetryKind, waited: Duration) -> Self {
+        RetryRequest { kind, waited }
+    }
+
+    /// The kind of failure it follows.
+    pub fn kind(&self) -> RetryKind {
+        self.kind
+    }
+
+    /// How long it has waited for admission so far.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+}
+
+/// The answer to [`RetryAdmission::admit`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum Admission {
+    /// Send it now.
+    Admit(Grant),
+    /// Ask again after this long (the engine bounds the wait by the
+    /// deadline).
+    Wait(Duration),
+    /// Give up: the operation ends with `budget_exhausted`.
+    Refuse,
+}
+
+/// Why a retry was admitted, and what it cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Grant {
+    source: GrantSource,
+    cost: f64,
+}
+
+/// Where an admission came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GrantSource {
+    /// Paid from the token bucket.
+    Token,
+    /// Released by evidence of recovery (slow start).
+    Released,
+    /// A probe, sent at the floor rate while failures continue.
+    Probe,
+    /// Free: no admission control.
+    Free,
+}
+
+impl Grant {
+    /// A grant from `source` that cost `cost` tokens.
+    pub fn new(source: GrantSource, cost: f64) -> Self {
+        Grant { source, cost }
+    }
+
+    /// Where it came from.
+    pub fn source(&self) -> GrantSource {
+        self.source
+    }
+
+    /// The tokens it cost (refunded by strategies that refund a retry that
+    /// succeeds).
+    pub fn cost(&self) -> f64 {
+        self.cost
+    }
+
+    /// Whether it is a probe.
+    pub fn is_probe(&self) -> bool {
+        self.source == GrantSource::Probe
+    }
+}
+
+/// How one attempt ended, as admission sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AttemptResult {
+    /// It succeeded.
+    Success,
+    /// It failed transiently: the server or the network is (still) failing.
+    Failure,
+    /// Anything else (a permanent answer): no evidence either way.
+    Other,
+}
+
+/// One finished attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttemptRecord {
+    attempt: u32,
+    grant: Option<Grant>,
+    result: AttemptResult,
+}
+
+impl AttemptRecord {
+    /// Attempt number `attempt` (1 for the first), sent under `grant`
+    /// (`None` for a first attempt), ended with `result`.
+    pub fn new(attempt: u32, grant: Option<Grant>, result: AttemptResult) -> Self {
+        AttemptRecord {
+            attempt,
+            grant,
+            result,
+        }
+    }
+
+    /// The attempt number, 1 for the first.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The grant a retry was sent under; `None` for a first attempt.
+    pub fn grant(&self) -> Option<Grant> {
+        self.grant
+    }
+
+    /// How it ended.
+    pub fn result(&self) -> AttemptResult {
+        self.result
+    }
+}
+
+/// No admission control: every retry goes out (attempts and the deadline
+/// still bound them). For comparison, and for loops such as a reconnect
+/// where one caller retries alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoAdmission;
+
+impl RetryAdmission for NoAdmission {
+    fn first_attempt(&self, _now: Instant) {}
+
+    fn admit(&self, _retry: RetryRequest, _now: Instant) -> Admission {
+        Admission::Admit(Grant::new(GrantSource::Free, 0.0))
+    }
+
+    fn record(&self, _attempt: AttemptRecord, _now: Instant) {}
+}

@@ -1,0 +1,473 @@
+//! The builder of a [`RetryPolicy`]: every knob, validated in `build()`.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use rand::rngs::{SmallRng, StdRng};
+use rand::{RngCore, SeedableRng};
+
+use crate::admission::{
+    AdaptiveAdmission, AdaptiveConfig, NoAdmission, RetryAdmission, TokenBucket, TokenBucketConfig,
+};
+use crate::backoff::{Backoff, Jitter};
+use crate::classify::Classifier;
+use crate::error::ConfigError;
+use crate::idempotency::{KeyFormat, KeyGenerator};
+use crate::metrics::Metrics;
+use crate::policy::{RetryPolicy, Rng, Settings};
+use crate::runtime::{Clock, Sleeper, SystemClock, TokioSleeper};
+
+/// Which retry admission a built policy gets.
+#[derive(Debug)]
+enum AdmissionChoice {
+    Adaptive(AdaptiveConfig),
+    TokenBucket(TokenBucketConfig),
+    Shared(Arc<dyn RetryAdmission>),
+    None,
+}
+
+/// Builds a [`RetryPolicy`]; a bad setting is kept and reported by
+/// [`RetryPolicyBuilder::build`].
+#[must_use]
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    base: Duration,
+    cap: Duration,
+    multiplier: f64,
+    jitter: Jitter,
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+    min_attempt_timeout: Option<Duration>,
+    min_attempt_window: Duration,
+    max_retry_after: Duration,
+    key_header: Result<HeaderName, ConfigError>,
+    key_methods: Vec<Method>,
+    key_generator: KeyGenerator,
+    key_format: KeyFormat,
+    verdict_header: Result<Option<HeaderName>, ConfigError>,
+    deadline_header: Result<Option<HeaderName>, ConfigError>,
+    attempt_header: Result<Option<HeaderName>, ConfigError>,
+    throttle_backoff: Option<(Duration, Duration)>,
+    admission: AdmissionChoice,
+    rng: Option<Rng>,
+    sleeper: Arc<dyn Sleeper>,
+    clock: Arc<dyn Clock>,
+    classifiers: Vec<Arc<dyn Classifier>>,
+}
+
+fn header_name(setting: &'static str, name: &str) -> Result<HeaderName, ConfigError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| ConfigError::named(setting, "not a valid header name"))
+}
+
+impl RetryPolicyBuilder {
+    pub(crate) fn new() -> Self {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(10),
+            multiplier: 2.0,
+            jitter: Jitter::Full,
+            deadline: Some(Duration::from_secs(30)),
+            attempt_timeout: None,
+            min_attempt_timeout: None,
+            min_attempt_window: Duration::from_millis(100),
+            max_retry_after: Duration::from_secs(60),
+            key_header: Ok(HeaderName::from_static("idempotency-key")),
+            key_methods: vec![Method::POST, Method::PATCH],
+            key_generator: KeyGenerator::UuidV4,
+            key_format: KeyFormat::Bare,
+            verdict_header: Ok(Some(HeaderName::from_static("stripe-should-retry"))),
+            deadline_header: Ok(None),
+            attempt_header: Ok(None),
+            throttle_backoff: None,
+            admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
+            rng: None,
+            sleeper: Arc::new(TokioSleeper),
+            clock: Arc::new(SystemClock),
+            classifiers: Vec::new(),
+        }
+    }
+
+    /// The most attempts per logical operation, the first included (≥ 1).
+    /// Default 3.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The first delay's ceiling and the largest ceiling. Default 100 ms and
+    /// 10 s.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.base = base;
+        self.cap = cap;
+        self
+    }
+
+    /// Growth per retry (≥ 1). Default 2.
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier;
+        self
+    }
+
+    /// The jitter mode. Default [`Jitter::Full`].
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Total time for one logical operation, all attempts and sleeps
+    /// included. Default 30 s.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// No total time limit (attempts and the budget still bound the work).
+    pub fn no_deadline(mut self) -> Self {
+        self.deadline = None;
+        self
+    }
+
+    /// Time limit for each attempt; the engine uses `min(this, time left)`.
+    /// Default: none (the time left).
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Give each attempt at least `floor`, and at least the backoff ceiling
+    /// that would follow it: gRPC's connection backoff (`MIN_CONNECT_TIMEOUT`,
+    /// 20 s), so a slow connect is not cut short while the delays grow. The
+    /// time left before the deadline still bounds it. Default: none.
+    pub fn min_attempt_timeout(mut self, floor: Duration) -> Self {
+        self.min_attempt_timeout = Some(floor);
+        self
+    }
+
+    /// The least time that must be left after a sleep for another attempt to
+    /// be worth starting. Default 100 ms.
+    pub fn min_attempt_window(mut self, window: Duration) -> Self {
+        self.min_attempt_window = window;
+        self
+    }
+
+    /// The longest Retry-After obeyed; a longer one ends the operation at
+    /// once. Default 60 s.
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
+    }
+
+    /// The idempotency key header. Default `Idempotency-Key`.
+    pub fn idempotency_header(mut self, name: &str) -> Self {
+        self.key_header = header_name("idempotency_header", name);
+        self
+    }
+
+    /// The methods that get a key when the caller sets none. Default POST
+    /// and PATCH. An empty list attaches no key by default.
+    pub fn idempotency_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.key_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// How keys are made. Default UUID v4.
+    pub fn key_generator(mut self, generator: KeyGenerator) -> Self {
+        self.key_generator = generator;
+        self
+    }
+
+    /// The key's wire form. Default bare.
+    pub fn key_format(mut self, format: KeyFormat) -> Self {
+        self.key_format = format;
+        self
+    }
+
+    /// The header carrying an explicit server verdict (`true` retry, `false`
+    /// do not). Default `Stripe-Should-Retry`.
+    pub fn server_verdict_header(mut self, name: &str) -> Self {
+        self.verdict_header = header_name("server_verdict_header", name).map(Some);
+        self
+    }
+
+    /// Ignore any server verdict header.
+    pub fn no_server_verdict_header(mut self) -> Self {
+        self.verdict_header = Ok(None);
+        self
+    }
+
+    /// Send the time left before the deadline, in whole milliseconds, in this
+    /// header on every attempt, so inner services can stop working on what
+    /// nobody waits for. Default: not sent.
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        self.deadline_header = header_name("deadline_header", name).map(Some);
+        self
+    }
+
+    /// Send the attempt number (1 for the first) in this header, like Envoy's
+    /// `x-envoy-attempt-count`. Default: not sent.
+    pub fn attempt_count_header(mut self, name: &str) -> Self {
+        self.attempt_header = header_name("attempt_count_header", name).map(Some);
+        self
+    }
+
+    /// The backoff after a throttling answer (429) when it should differ
+    /// from the one after other transient failures (AWS: 1 s and 20 s).
+    /// Default: the same backoff.
+    pub fn throttle_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.throttle_backoff = Some((base, cap));
+        self
+    }
+
+    /// Adaptive retry admission with these settings (the default, with
+    /// [`AdaptiveConfig::default`]): a retry that finds no room waits,
+    /// probes go out at a floor rate while failures continue, and successes
+    /// release the waiting retries with slow start.
+    pub fn adaptive_admission(mut self, config: AdaptiveConfig) -> Self {
+        self.admission = AdmissionChoice::Adaptive(config);
+        self
+    }
+
+    /// A plain token bucket that fails fast: a retry that finds it empty
+    /// ends the operation with `budget_exhausted` at once.
+    pub fn token_bucket(mut self, config: TokenBucketConfig) -> Self {
+        self.admission = AdmissionChoice::TokenBucket(config);
+        self
+    }
+
+    /// Share an admission, for example between two clients that call the
+    /// same service, or with your own [`RetryAdmission`].
+    pub fn shared_admission(mut self, admission: Arc<dyn RetryAdmission>) -> Self {
+        self.admission = AdmissionChoice::Shared(admission);
+        self
+    }
+
+    /// No retry admission at all ("none"): only attempts and the deadline
+    /// bound retries.
+    pub fn no_budget(mut self) -> Self {
+        self.admission = AdmissionChoice::None;
+        self
+    }
+
+    /// Seed the random source, for reproducible delays. Never use the same
+    /// seed on many clients in production: identical seeds recreate
+    /// synchronized retries. Default: seeded from the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.rng = Some(Box::new(StdRng::seed_from_u64(seed)));
+        self
+    }
+
+    /// Use this random source.
+    pub fn rng(mut self, rng: impl RngCore + Send + 'static) -> Self {
+        self.rng = Some(Box::new(rng));
+        self
+    }
+
+    /// Use this sleeper (tests inject one that does not sleep).
+    pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
+        self.sleeper = Arc::new(sleeper);
+        self
+    }
+
+    /// Use this clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Use one [`crate::ManualClock`] as both clock and sleeper: sleeps
+    /// return at once and move the clock.
+    pub fn manual_clock(self, clock: &crate::ManualClock) -> Self {
+        self.clock(clock.clone()).sleeper(clock.clone())
+    }
+
+    /// Add a classifier consulted before the server verdict and the default
+    /// table; classifiers added earlier are asked first.
+    pub fn classifier(mut self, classifier: impl Classifier) -> Self {
+        self.classifiers.push(Arc::new(classifier));
+        self
+    }
+
+    /// Checks every setting and builds the policy.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`], naming the setting, when `max_attempts` is 0, a
+    /// backoff is invalid (see [`Backoff::from_parts`]), the deadline, an
+    /// attempt timeout or the minimum attempt window is zero, the deadline
+    /// is shorter than the minimum attempt window (no attempt could ever
+    /// start), a header name is invalid, or the admission's settings are
+    /// (a zero-capacity budget, for one).
+    pub fn build(self) -> Result<RetryPolicy, ConfigError> {
+        if self.max_attempts == 0 {
+            return Err(ConfigError::named("max_attempts", "must be at least 1"));
+        }
+        if self.deadline == Some(Duration::ZERO) {
+            return Err(ConfigError::named("deadline", "must be greater than zero"));
+        }
+        if self.attempt_timeout == Some(Duration::ZERO) {
+            return Err(ConfigError::named(
+                "attempt_timeout",
+                "must be greater than zero",
+            ));
+        }
+        if self.min_attempt_window.is_zero() {
+            return Err(ConfigError::named(
+                "min_attempt_window",
+                "must be greater than zero",
+            ));
+        }
+        if self.deadline.is_some_and(|d| d < self.min_attempt_window) {
+            return Err(ConfigError::named(
+                "deadline",
+                "is shorter than min_attempt_window: no retry could ever start",
+            ));
+        }
+        let backoff = Backoff::from_parts(self.base, self.cap, self.multiplier, self.jitter)
+            .map_err(|e| e.in_setting("backoff"))?;
+        let throttle_backoff = match self.throttle_backoff {
+            Some((base, cap)) => Some(
+                Backoff::from_parts(base, cap, self.multiplier, self.jitter)
+                    .map_err(|e| e.in_setting("throttle_backoff"))?,
+            ),
+            None => None,
+        };
+        let admission: Arc<dyn RetryAdmission> = match self.admission {
+            AdmissionChoice::Adaptive(config) => Arc::new(AdaptiveAdmission::new(config)?),
+            AdmissionChoice::TokenBucket(config) => Arc::new(TokenBucket::new(config)?),
+            AdmissionChoice::Shared(shared) => shared,
+            AdmissionChoice::None => Arc::new(NoAdmission),
+        };
+        let settings = Settings {
+            max_attempts: self.max_attempts,
+            backoff,
+            throttle_backoff,
+            deadline: self.deadline,
+            attempt_timeout: self.attempt_timeout,
+            min_attempt_timeout: self.min_attempt_timeout,
+            min_attempt_window: self.min_attempt_window,
+            max_retry_after: self.max_retry_after,
+            key_header: self.key_header?,
+            key_methods: self.key_methods,
+            key_generator: self.key_generator,
+            key_format: self.key_format,
+            verdict_header: self.verdict_header?,
+            deadline_header: self.deadline_header?,
+            attempt_header: self.attempt_header?,
+        };
+        let rng = self
+            .rng
+            .unwrap_or_else(|| Box::new(SmallRng::from_os_rng()));
+        Ok(RetryPolicy {
+            settings: Arc::new(settings),
+            admission,
+            rng: Arc::new(Mutex::new(rng)),
+            sleeper: self.sleeper,
+            clock: self.clock,
+            metrics: Arc::new(Metrics::default()),
+            classifiers: self.classifiers.into(),
+        })
+    }
+}
+
+impl fmt::Debug for RetryPolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .field("base", &self.base)
+            .field("cap", &self.cap)
+            .field("jitter", &self.jitter)
+            .field("deadline", &self.deadline)
+            .field("admission", &self.admission)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setting(b: RetryPolicyBuilder) -> &'static str {
+        b.build().unwrap_err().setting()
+    }
+
+    #[test]
+    fn bad_settings_are_reported_by_build_with_their_name() {
+        let b = RetryPolicy::builder;
+        assert_eq!(setting(b().max_attempts(0)), "max_attempts");
+        assert_eq!(
+            setting(b().backoff(Duration::from_secs(2), Duration::from_secs(1))),
+            "backoff"
+        );
+        assert_eq!(
+            setting(b().throttle_backoff(Duration::ZERO, Duration::from_secs(1))),
+            "throttle_backoff"
+        );
+        assert_eq!(setting(b().deadline(Duration::ZERO)), "deadline");
+        assert_eq!(
+            setting(b().min_attempt_window(Duration::ZERO)),
+            "min_attempt_window"
+        );
+        assert_eq!(
+            setting(b().idempotency_header("bad header")),
+            "idempotency_header"
+        );
+        assert_eq!(
+            setting(b().token_bucket(TokenBucketConfig {
+                first_attempt_deposit: -1.0,
+                ..TokenBucketConfig::default()
+            })),
+            "budget.first_attempt_deposit"
+        );
+        let err = RetryPolicy::builder().multiplier(0.5).build().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid retry configuration: backoff: backoff multiplier must be a finite number of at least 1"
+        );
+    }
+
+    #[test]
+    fn settings_that_cannot_work_together_are_refused() {
+        // A deadline shorter than the window an attempt needs.
+        let err = RetryPolicy::builder()
+            .deadline(Duration::from_millis(50))
+            .min_attempt_window(Duration::from_millis(100))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.setting(), "deadline");
+        // A budget that can never admit a retry.
+        let zero = |capacity| {
+            setting(RetryPolicy::builder().token_bucket(TokenBucketConfig {
+                capacity,
+                ..TokenBucketConfig::default()
+            }))
+        };
+        assert_eq!(zero(0.0), "budget.capacity");
+        assert_eq!(
+            setting(RetryPolicy::builder().adaptive_admission(AdaptiveConfig {
+                capacity: 0.0,
+                ..AdaptiveConfig::default()
+            })),
+            "admission.capacity"
+        );
+        // Equal deadline and window still build.
+        assert!(RetryPolicy::builder()
+            .deadline(Duration::from_millis(100))
+            .min_attempt_window(Duration::from_millis(100))
+            .build()
+            .is_ok());
+    }
+
+    #[test]
+    fn the_grpc_preset_matches_its_source() {
+        let grpc = RetryPolicy::grpc_connection_backoff().build().unwrap();
+        assert_eq!(grpc.backoff().base(), Duration::from_secs(1));
+        assert_eq!(grpc.backoff().cap(), Duration::from_secs(120));
+        assert_eq!(grpc.backoff().multiplier(), 1.6);
+        assert_eq!(grpc.backoff().jitter(), Jitter::Proportional(0.2));
+        assert!(grpc.deadline().is_none());
+    }
+}
