@@ -74,6 +74,9 @@ mod runtime;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use reqwest;
+pub use reqwest_middleware;
+
 pub use backoff::{Backoff, Jitter};
 pub use budget::RetryBudget;
 pub use classify::{
