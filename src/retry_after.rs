@@ -12,6 +12,13 @@
 //!     parse("Sun, 06 Nov 1994 08:49:47 GMT", Some("Sun, 06 Nov 1994 08:49:37 GMT"), now),
 //!     Some(Duration::from_secs(10)),
 //! );
+//! // Read robustly (RFC 9110 §5.6.7): a numeric zone, with its offset applied.
+//! assert_eq!(
+//!     parse("Sun, 06 Nov 1994 09:49:47 +0100", Some("Sun, 06 Nov 1994 08:49:37 GMT"), now),
+//!     Some(Duration::from_secs(10)),
+//! );
+//! // A number too large for a u64 is the largest hint, never a sooner retry.
+//! assert_eq!(parse(&"9".repeat(40), None, now), Some(Duration::from_secs(u64::MAX)));
 //! assert_eq!(parse("soon", None, now), None); // garbage: ignored
 //! ```
 
