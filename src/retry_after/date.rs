@@ -4,10 +4,16 @@
 //!
 //! - IMF-fixdate and what RFC 5322 parsers accept around it:
 //!   `[Sun,] 6 Nov 1994 08:49:37 GMT`, a one- or two-digit day, a two- or
-//!   four-digit year, a short or full month name, optional seconds, the zone `GMT`, `UT`, `UTC`, `Z`, a
-//!   numeric `+hhmm`/`-hhmm` or one of RFC 5322's US zones (`EST` … `PDT`);
+//!   four-digit year, a short or full month name (also before the day),
+//!   optional seconds, the zone `GMT`, `UT`, `UTC`, a numeric
+//!   `+hhmm`/`-hhmm`, one of RFC 5322's US zones (`EST` … `PDT`) or a
+//!   military letter (UTC, as RFC 5322 §4.3 asks), and a trailing comment
+//!   (`(UTC)`);
 //! - the obsolete RFC 850 form, `Sunday, 06-Nov-94 08:49:37 GMT`;
-//! - the asctime form, `Sun Nov  6 08:49:37 1994` (always GMT).
+//! - the asctime form, `Sun Nov  6 08:49:37 1994`.
+//!
+//! HTTP-dates are always in GMT, so a date that names no zone is read as
+//! GMT (as Python's `email.utils` reads it too).
 //!
 //! A two-digit year is the one closest to the reference time: a date that
 //! would be more than 50 years in the future is in the past century (RFC
@@ -15,8 +21,9 @@
 //! as the second after `:59`. Names of days and months are read whatever
 //! their case, and a day name that does not match the date is not held
 //! against it (the date itself is unambiguous; Python's `email.utils`, which
-//! urllib3 uses, does the same). Everything else — a missing separator, a
-//! missing zone, an impossible day or time — is rejected.
+//! urllib3 uses, does the same). Everything else — a missing separator, an
+//! unknown zone, fractional seconds, an impossible day or time — is
+//! rejected.
 
 use std::time::{Duration, SystemTime};
 
@@ -27,7 +34,7 @@ const LIMIT: i64 = 10_000_000_000_000;
 /// The instant `text` names, or `None` when it is not an HTTP-date.
 /// `reference` decides the century of a two-digit year.
 pub(super) fn parse(text: &str, reference: SystemTime) -> Option<SystemTime> {
-    let text = text.trim();
+    let text = without_comment(text.trim());
     let (day_name, rest) = match text.split_once(',') {
         Some((name, rest)) => {
             weekday(name.trim())?;
@@ -35,7 +42,7 @@ pub(super) fn parse(text: &str, reference: SystemTime) -> Option<SystemTime> {
         }
         None => (false, text),
     };
-    let mut tokens = [""; 5];
+    let mut tokens = [""; 6];
     let mut count = 0;
     for token in rest.split_ascii_whitespace() {
         *tokens.get_mut(count)? = token;
@@ -43,23 +50,47 @@ pub(super) fn parse(text: &str, reference: SystemTime) -> Option<SystemTime> {
     }
     let fields = match (day_name, &tokens[..count]) {
         // RFC 850: Sunday, 06-Nov-94 08:49:37 GMT
-        (true, [date, time, zone]) => {
+        (true, [date, time, z @ ..]) if date.contains('-') && z.len() <= 1 => {
             let mut parts = date.split('-');
             let (day, month, year) = (parts.next()?, parts.next()?, parts.next()?);
             if parts.next().is_some() {
                 return None;
             }
-            Fields::new(day, month, year, time, zone)?
+            Fields::new(day, month, year, time, zone(z))?
         }
         // asctime: Sun Nov  6 08:49:37 1994
-        (false, [name, month, day, time, year]) if weekday(name).is_some() => {
-            Fields::new(day, month, year, time, "GMT")?
+        (false, [name, month, day, time, year, z @ ..])
+            if weekday(name).is_some() && z.len() <= 1 =>
+        {
+            Fields::new(day, month, year, time, zone(z))?
         }
-        // IMF-fixdate / RFC 5322: [Sun,] 06 Nov 1994 08:49:37 GMT
-        (_, [day, month, year, time, zone]) => Fields::new(day, month, year, time, zone)?,
+        // IMF-fixdate / RFC 5322: [Sun,] 06 Nov 1994 08:49:37 GMT, or with
+        // the month first, as Python's email.utils also reads it.
+        (_, [a, b, year, time, z @ ..]) if z.len() <= 1 => {
+            let (day, month) = if month_number(a).is_some() {
+                (b, a)
+            } else {
+                (a, b)
+            };
+            Fields::new(day, month, year, time, zone(z))?
+        }
         _ => return None,
     };
     fields.instant(reference)
+}
+
+/// The zone token, if there is one: HTTP-dates are in GMT, so a date that
+/// names no zone is read as GMT.
+fn zone<'a>(rest: &[&'a str]) -> &'a str {
+    rest.first().copied().unwrap_or("GMT")
+}
+
+/// `text` without one trailing RFC 5322 comment: `… +0000 (UTC)`.
+fn without_comment(text: &str) -> &str {
+    match (text.strip_suffix(')'), text.rfind('(')) {
+        (Some(_), Some(open)) => text[..open].trim_end(),
+        _ => text,
+    }
 }
 
 /// The parts of a date, before the century of a two-digit year is known.
@@ -205,6 +236,13 @@ fn zone_offset(zone: &str) -> Option<i64> {
     ];
     if let Some((_, hours)) = NAMED.iter().find(|(n, _)| zone.eq_ignore_ascii_case(n)) {
         return Some(hours * 3600);
+    }
+    // RFC 5322 §4.3: the military zones' meaning was botched in RFC 822;
+    // read them as UTC ("-0000"), as it asks.
+    if let [letter] = zone.as_bytes() {
+        if letter.is_ascii_alphabetic() && !letter.eq_ignore_ascii_case(&b'J') {
+            return Some(0);
+        }
     }
     let (sign, number) = match zone.as_bytes().first()? {
         b'+' => (1, zone.get(1..)?),
