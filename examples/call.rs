@@ -2,87 +2,118 @@
 //!
 //! ```text
 //! call [OPTIONS] URL
-//!   -X, --method METHOD        default GET
-//!   -d, --data STRING          request body
+//!   -X, --method METHOD        default GET, or POST when -d is given
+//!   -d, --data DATA            request body; @FILE sends a file, @- stdin
 //!   -H, --header 'Name: value' repeatable
 //!   --max-attempts N           --deadline SECS      --attempt-timeout SECS
-//!   --base-ms N                --cap-ms N           --jitter none|full|equal|decorrelated
+//!   --base-ms N                --cap-ms N
+//!   --jitter none|full|equal|decorrelated|proportional
 //!   --idempotency-key KEY      use this key on every attempt
 //!   --no-idempotency-key       attach none
 //!   --seed N                   seed the random source
+//!   -v, --verbose              one line per attempt on stderr
 //!   --json                     last line of stderr is the report as JSON
 //! ```
 //!
+//! Like curl: a URL without a scheme is `http://`, and when an option is
+//! given twice the last one wins (`-H` adds a header each time).
+//!
 //! The response body goes to stdout. With `--json` the last line of stderr is
 //! one JSON object: `status`, `attempts`, `delays_ms`, `idempotency_key`,
-//! `stop_reason` and `error`. Exit code 0 when the final status is 2xx, 1
-//! otherwise, 2 for a usage error.
+//! `stop_reason` and `error` — for a usage error too. Exit code 0 when the
+//! final status is 2xx, 1 otherwise, 2 for a usage error.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    Jitter, RequestOptions, RetryError, RetryMiddleware, RetryPolicy, RetryReport,
+    IdempotencyKey, Jitter, RequestOptions, RetryError, RetryMiddleware, RetryPolicy, RetryReport,
 };
+
+/// The library's defaults, shown in `--help`.
+fn defaults() -> RetryPolicy {
+    RetryPolicy::default()
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  the final response is 2xx
+  1  the final response is not 2xx, or no response came (transport error)
+  2  usage error (with --json the last stderr line is still the JSON report)";
 
 #[derive(Parser, Debug)]
 #[command(
     name = "call",
-    about = "Send one HTTP request through reqwest-safe-retry"
+    about = "Send one HTTP request through reqwest-safe-retry",
+    after_help = EXIT_CODES,
+    args_override_self = true
 )]
 struct Args {
-    /// The URL to call.
+    /// The URL to call; without a scheme, http:// is meant.
     url: String,
-    /// The request method.
-    #[arg(short = 'X', long, default_value = "GET")]
-    method: String,
-    /// The request body.
-    #[arg(short = 'd', long)]
+    /// The request method [default: GET, or POST when -d is given].
+    #[arg(short = 'X', long)]
+    method: Option<String>,
+    /// The request body; @FILE sends the file, @- standard input (as is,
+    /// like curl's --data-binary).
+    #[arg(short = 'd', long, value_name = "DATA")]
     data: Option<String>,
     /// A request header, 'Name: value'; repeatable.
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,
     /// Most attempts, the first included.
-    #[arg(long)]
-    max_attempts: Option<u32>,
+    #[arg(long, value_name = "N", default_value_t = defaults().max_attempts())]
+    max_attempts: u32,
     /// Total time for the call, in seconds.
-    #[arg(long, value_name = "SECS")]
-    deadline: Option<f64>,
-    /// Time limit for each attempt, in seconds.
+    #[arg(long, value_name = "SECS",
+          default_value_t = defaults().deadline().map_or(f64::INFINITY, |d| d.as_secs_f64()))]
+    deadline: f64,
+    /// Time limit for each attempt, in seconds [default: none, the time left].
     #[arg(long, value_name = "SECS")]
     attempt_timeout: Option<f64>,
     /// The first backoff ceiling, in milliseconds.
-    #[arg(long, value_name = "N")]
-    base_ms: Option<u64>,
+    #[arg(long, value_name = "N", default_value_t = millis(defaults().backoff().base()))]
+    base_ms: u64,
     /// The largest backoff ceiling, in milliseconds.
-    #[arg(long, value_name = "N")]
-    cap_ms: Option<u64>,
+    #[arg(long, value_name = "N", default_value_t = millis(defaults().backoff().cap()))]
+    cap_ms: u64,
     /// The jitter mode.
-    #[arg(long, value_enum)]
-    jitter: Option<JitterArg>,
-    /// Use this key on every attempt.
+    #[arg(long, value_enum, default_value_t = JitterArg::Full)]
+    jitter: JitterArg,
+    /// Use this key on every attempt (1 to 255 visible ASCII characters).
     #[arg(long, value_name = "KEY", conflicts_with = "no_idempotency_key")]
     idempotency_key: Option<String>,
-    /// Attach no idempotency key.
+    /// Attach no idempotency key [default: a fresh UUID v4 on POST and PATCH].
     #[arg(long)]
     no_idempotency_key: bool,
-    /// Seed the random source.
+    /// Seed the random source [default: from the OS].
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Print one line per attempt on stderr: its status or error, the delay
+    /// before the next one (or why it stopped), and the key.
+    #[arg(short = 'v', long)]
+    verbose: bool,
     /// Print the report as JSON on the last line of stderr.
     #[arg(long)]
     json: bool,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+/// How the delay is spread below its ceiling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum JitterArg {
+    /// exactly the ceiling: for comparison only, a fleet retries in lockstep
     None,
+    /// U(0, ceiling): the library's default
     Full,
+    /// ceiling/2 + U(0, ceiling/2)
     Equal,
+    /// U(base, min(cap, previous delay × 3))
     Decorrelated,
+    /// ceiling × U(0.8, 1.2): gRPC's reconnect jitter
+    Proportional,
 }
 
 impl From<JitterArg> for Jitter {
@@ -92,14 +123,24 @@ impl From<JitterArg> for Jitter {
             JitterArg::Full => Jitter::Full,
             JitterArg::Equal => Jitter::Equal,
             JitterArg::Decorrelated => Jitter::Decorrelated,
+            JitterArg::Proportional => Jitter::Proportional(0.2),
         }
     }
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 const USAGE_ERROR: u8 = 2;
 
-fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+/// Reports a usage error: a message, and with `--json` the report line.
+fn usage_error(json: bool, message: impl std::fmt::Display) -> ExitCode {
+    let message = message.to_string();
     eprintln!("call: {message}");
+    if json {
+        eprintln!("{}", json_report(None, None, Some(&message)));
+    }
     ExitCode::from(USAGE_ERROR)
 }
 
@@ -111,26 +152,20 @@ fn seconds(name: &str, value: f64) -> Result<Duration, String> {
 }
 
 fn policy(args: &Args) -> Result<RetryPolicy, String> {
-    let defaults = RetryPolicy::default();
-    let mut builder = RetryPolicy::builder();
-    if let Some(n) = args.max_attempts {
-        builder = builder.max_attempts(n);
-    }
-    if let Some(d) = args.deadline {
-        builder = builder.deadline(seconds("deadline", d)?);
-    }
+    let mut builder = RetryPolicy::builder()
+        .max_attempts(args.max_attempts)
+        .backoff(
+            Duration::from_millis(args.base_ms),
+            Duration::from_millis(args.cap_ms),
+        )
+        .jitter(args.jitter.into());
+    builder = if args.deadline == f64::INFINITY {
+        builder.no_deadline()
+    } else {
+        builder.deadline(seconds("deadline", args.deadline)?)
+    };
     if let Some(t) = args.attempt_timeout {
         builder = builder.attempt_timeout(seconds("attempt-timeout", t)?);
-    }
-    let base = args
-        .base_ms
-        .map_or(defaults.backoff().base(), Duration::from_millis);
-    let cap = args
-        .cap_ms
-        .map_or(defaults.backoff().cap(), Duration::from_millis);
-    builder = builder.backoff(base, cap);
-    if let Some(j) = args.jitter {
-        builder = builder.jitter(j.into());
     }
     if let Some(seed) = args.seed {
         builder = builder.seed(seed);
@@ -138,45 +173,121 @@ fn policy(args: &Args) -> Result<RetryPolicy, String> {
     builder.build().map_err(|e| e.to_string())
 }
 
+/// The body `-d` names: the text itself, `@-` standard input, `@FILE` a file.
+fn body(data: &str) -> Result<Vec<u8>, String> {
+    match data.strip_prefix('@') {
+        Some("-") => {
+            let mut buf = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .map_err(|e| format!("reading the body from standard input: {e}"))?;
+            Ok(buf)
+        }
+        Some(path) => std::fs::read(path).map_err(|e| format!("reading the body from {path}: {e}")),
+        None => Ok(data.as_bytes().to_vec()),
+    }
+}
+
+/// curl's rule: a URL without a scheme is http.
+fn with_scheme(url: &str) -> String {
+    if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("http://{url}")
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let json = std::env::args_os().any(|a| a == "--json");
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version: not errors.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            if json {
+                let rendered = e.render().to_string();
+                let first = rendered.lines().next().unwrap_or("usage error");
+                let message = first.strip_prefix("error: ").unwrap_or(first);
+                eprintln!("{}", json_report(None, None, Some(message)));
+            }
+            return ExitCode::from(USAGE_ERROR);
+        }
+    };
+    let json = args.json;
     let policy = match policy(&args) {
         Ok(p) => p,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(json, e),
     };
-    let Ok(method) = reqwest::Method::from_bytes(args.method.as_bytes()) else {
-        return usage_error(format!("not a valid method: {}", args.method));
+    let method = match (&args.method, &args.data) {
+        (Some(m), _) => m.as_str(),
+        (None, Some(_)) => "POST",
+        (None, None) => "GET",
     };
-    if reqwest::Url::parse(&args.url).is_err() {
-        return usage_error(format!("not a valid URL: {}", args.url));
+    let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+        return usage_error(json, format!("not a valid method: {method}"));
+    };
+    let url = with_scheme(&args.url);
+    if reqwest::Url::parse(&url).is_err() {
+        return usage_error(json, format!("not a valid URL: {}", args.url));
     }
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(policy))
-        .build();
-    let mut request = client.request(method, &args.url);
+    let mut headers = reqwest::header::HeaderMap::new();
     for header in &args.headers {
         let Some((name, value)) = header.split_once(':') else {
-            return usage_error(format!("a header is 'Name: value', got {header:?}"));
+            return usage_error(json, format!("a header is 'Name: value', got {header:?}"));
         };
         let (Ok(name), Ok(value)) = (
             reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()),
             reqwest::header::HeaderValue::from_str(value.trim()),
         ) else {
-            return usage_error(format!("not a valid header: {header:?}"));
+            return usage_error(json, format!("not a valid header: {header:?}"));
         };
-        request = request.header(name, value);
+        headers.append(name, value);
     }
+    let mut options = RequestOptions::new();
+    let header_key = headers.contains_key("idempotency-key");
     if let Some(key) = &args.idempotency_key {
-        // Sent as the caller's own header: the middleware keeps it on every
-        // attempt, and refuses it before sending when it is not a valid key.
-        request = request.header("idempotency-key", key.as_str());
+        if header_key {
+            // Two keys on the wire would leave the server to guess.
+            return usage_error(
+                json,
+                "the key is given twice: use --idempotency-key or -H 'Idempotency-Key: …', not both",
+            );
+        }
+        match IdempotencyKey::new(key.as_str()) {
+            Ok(key) => options = options.idempotency_key(key),
+            Err(e) => return usage_error(json, format!("--idempotency-key: {e}")),
+        }
     }
     if args.no_idempotency_key {
-        request = request.with_extension(RequestOptions::new().no_idempotency_key());
+        if header_key {
+            return usage_error(
+                json,
+                "--no-idempotency-key contradicts -H 'Idempotency-Key: …': give one",
+            );
+        }
+        options = options.no_idempotency_key();
     }
-    if let Some(data) = &args.data {
-        request = request.body(data.clone());
+    let body = match args.data.as_deref().map(body).transpose() {
+        Ok(body) => body,
+        Err(e) => return usage_error(json, e),
+    };
+    if args.verbose {
+        verbose::install();
+    }
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .build();
+    let mut request = client
+        .request(method, &url)
+        .headers(headers)
+        .with_extension(options);
+    if let Some(body) = body {
+        request = request.body(body);
     }
     let (status, report, error) = match request.send().await {
         Ok(response) => {
@@ -203,7 +314,7 @@ async fn main() -> ExitCode {
     if let Some(e) = &error {
         eprintln!("call: {e}");
     }
-    if args.json {
+    if json {
         eprintln!("{}", json_report(status, report.as_ref(), error.as_deref()));
     }
     match status {
@@ -242,4 +353,103 @@ fn json_report(
         "stop_reason": report.map(|r| r.stop_reason().as_str()),
         "error": error,
     })
+}
+
+/// `-v`: one stderr line per attempt, from the middleware's own `tracing`
+/// events (an event per attempt inside a span per logical operation).
+mod verbose {
+    use std::fmt::{self, Write as _};
+
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id};
+    use tracing::{Event, Subscriber};
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+    use tracing_subscriber::registry::LookupSpan;
+
+    pub(super) fn install() {
+        let subscriber = tracing_subscriber::registry().with(Attempts);
+        let _ = tracing::subscriber::set_global_default(subscriber);
+    }
+
+    struct Attempts;
+
+    /// The key of a logical operation, kept on its span.
+    struct Key(String);
+
+    #[derive(Default)]
+    struct Fields {
+        attempt: u64,
+        outcome: String,
+        delay_ms: u64,
+        stop_reason: String,
+        key: String,
+        message: String,
+    }
+
+    impl Visit for Fields {
+        fn record_u64(&mut self, field: &Field, value: u64) {
+            match field.name() {
+                "attempt" => self.attempt = value,
+                "delay_ms" => self.delay_ms = value,
+                _ => {}
+            }
+        }
+
+        fn record_str(&mut self, field: &Field, value: &str) {
+            match field.name() {
+                "stop_reason" => self.stop_reason = value.to_owned(),
+                "idempotency_key" => self.key = value.to_owned(),
+                _ => {}
+            }
+        }
+
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            let target = match field.name() {
+                "outcome" => &mut self.outcome,
+                "message" => &mut self.message,
+                _ => return,
+            };
+            let _ = write!(target, "{value:?}");
+        }
+    }
+
+    impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Attempts {
+        fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+            let mut fields = Fields::default();
+            attrs.record(&mut fields);
+            if let (false, Some(span)) = (fields.key.is_empty(), ctx.span(id)) {
+                span.extensions_mut().insert(Key(fields.key));
+            }
+        }
+
+        fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+            let mut fields = Fields::default();
+            event.record(&mut fields);
+            if fields.message != "attempt finished" {
+                return;
+            }
+            let key = ctx
+                .event_scope(event)
+                .and_then(|scope| {
+                    scope
+                        .into_iter()
+                        .find_map(|span| span.extensions().get::<Key>().map(|k| k.0.clone()))
+                })
+                .unwrap_or_else(|| "none".to_owned());
+            let outcome = if fields.outcome.bytes().all(|b| b.is_ascii_digit()) {
+                fields.outcome
+            } else {
+                format!("{} error", fields.outcome)
+            };
+            let next = if fields.stop_reason.is_empty() {
+                format!("retry in {} ms", fields.delay_ms)
+            } else {
+                format!("stop: {}", fields.stop_reason)
+            };
+            eprintln!(
+                "call: attempt {}: {outcome}, {next}, key {key}",
+                fields.attempt
+            );
+        }
+    }
 }

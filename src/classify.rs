@@ -20,7 +20,8 @@
 //! | 408, 425, 429, 500, 502, 503, 504 | transient |
 //! | 409 to a request that carried an Idempotency-Key | transient (the original is still in progress) |
 //! | any 4xx or 5xx marked `Idempotent-Replayed: true` | permanent (the stored outcome of the original) |
-//! | every other 4xx, 501, 505, other 5xx | permanent |
+//! | 413 with a readable Retry-After | transient (RFC 9110 §15.5.14: the condition is temporary) |
+//! | every other 4xx (413 without Retry-After included), 501, 505, 507, other 5xx | permanent |
 //! | connect refused/failed, timeouts, a connection reset or closed before a complete response | transient |
 //! | request build, redirect-policy, body and decode errors | permanent |
 //!
@@ -37,11 +38,19 @@
 //! replayed failure stops the operation at once with
 //! [`StopReason::Permanent`](crate::StopReason::Permanent), and the verdict
 //! header stored with it is not read (it spoke about the original attempt).
+//!
+//! 507 Insufficient Storage stays permanent although RFC 4918 §11.5 calls
+//! it temporary: storage is freed by an operator or a cleanup job, in
+//! minutes or hours, not in the seconds a retry loop waits, and more
+//! writes to a server that is out of space only add to its trouble. A
+//! service that knows better can say so with a classifier.
 
 use std::error::Error as StdError;
 use std::io;
 
 use http::{HeaderMap, Method, StatusCode};
+
+use crate::retry_after;
 
 /// What one attempt's outcome means for the retry loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,6 +129,14 @@ impl Classifier for DefaultClassifier {
             Ok(response) if response.status().as_u16() >= 400 && is_replay(response.headers()) => {
                 Class::Permanent
             }
+            // RFC 9110 §15.5.14: a 413 with Retry-After says the condition
+            // is temporary (urllib3 retries it too).
+            Ok(response)
+                if response.status() == StatusCode::PAYLOAD_TOO_LARGE
+                    && retry_after::has_hint(response.headers()) =>
+            {
+                Class::Transient
+            }
             Ok(response) => classify_status(response.status(), attempt.carried_key),
             Err(error) => classify_error(error),
         })
@@ -127,6 +144,10 @@ impl Classifier for DefaultClassifier {
 }
 
 /// The status table.
+///
+/// It sees the status alone: a 413 is permanent here, and
+/// [`DefaultClassifier`], which also sees the headers, makes a 413 with a
+/// readable `Retry-After` transient.
 pub fn classify_status(status: StatusCode, carried_key: bool) -> Class {
     match status.as_u16() {
         100..=399 => Class::Success,
@@ -280,7 +301,9 @@ mod tests {
         }
         assert_eq!(class(409, true), Class::Transient);
         assert_eq!(class(409, false), Class::Permanent);
-        for code in [400, 401, 403, 404, 405, 410, 413, 422, 451, 501, 505, 511] {
+        for code in [
+            400, 401, 403, 404, 405, 410, 413, 422, 451, 501, 505, 507, 511,
+        ] {
             assert_eq!(class(code, true), Class::Permanent, "{code}");
         }
     }

@@ -77,6 +77,9 @@ mod safety;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use reqwest;
+pub use reqwest_middleware;
+
 pub use admission::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
     NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,

@@ -12,6 +12,13 @@
 //!     parse("Sun, 06 Nov 1994 08:49:47 GMT", Some("Sun, 06 Nov 1994 08:49:37 GMT"), now),
 //!     Some(Duration::from_secs(10)),
 //! );
+//! // Read robustly (RFC 9110 §5.6.7): a numeric zone, with its offset applied.
+//! assert_eq!(
+//!     parse("Sun, 06 Nov 1994 09:49:47 +0100", Some("Sun, 06 Nov 1994 08:49:37 GMT"), now),
+//!     Some(Duration::from_secs(10)),
+//! );
+//! // A number too large for a u64 is the largest hint, never a sooner retry.
+//! assert_eq!(parse(&"9".repeat(40), None, now), Some(Duration::from_secs(u64::MAX)));
 //! assert_eq!(parse("soon", None, now), None); // garbage: ignored
 //! ```
 
@@ -24,38 +31,60 @@ use crate::backoff::uniform;
 /// The most jitter laid on top of a hint: `min(hint × 0.2, 2 s)`.
 const MAX_HINT_JITTER: Duration = Duration::from_secs(2);
 
+mod date;
+
 /// Parses a `Retry-After` value into a delay.
 ///
-/// - delay-seconds (`"120"`): that many seconds;
-/// - an HTTP-date in IMF-fixdate, obsolete RFC 850 or asctime form: the time
-///   from `date` (the response's own `Date` header, when it has a valid one:
-///   the server's clock against the server's clock) or else from `now`, to
-///   that date; a date in the past means zero.
+/// - delay-seconds (`"120"`): that many seconds. A number too large for a
+///   `u64` is the largest value (RFC 9111 §1.2.2, as urllib3 reads it), so
+///   it ends the operation as "Retry-After too long" instead of being
+///   ignored: a bigger hint never means a sooner retry.
+/// - an HTTP-date in IMF-fixdate, obsolete RFC 850 or asctime form, read
+///   robustly (RFC 9110 §5.6.7: a numeric zone or `UTC` with its offset
+///   applied, a one-digit day, a two-digit year within 50 years of the
+///   reference, a leap second): the time from `date` (the response's own
+///   `Date` header, when it has a valid one: the server's clock against the
+///   server's clock) or else from `now`, to that date; a date in the past
+///   means zero.
 ///
-/// Anything else — negative, fractional, garbage, a number too large for a
-/// `u64` — is `None`, and the computed backoff applies. Never panics.
+/// Anything else — negative, fractional, garbage, a date the grammar rejects
+/// — is `None`, and the computed backoff applies. Never panics.
 pub fn parse(value: &str, date: Option<&str>, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if value.is_empty() {
         return None;
     }
     if value.bytes().all(|b| b.is_ascii_digit()) {
-        return value.parse::<u64>().ok().map(Duration::from_secs);
+        // All digits, so the only way to fail is to overflow.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
-    let at = httpdate::parse_http_date(value).ok()?;
-    let reference = date
-        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
-        .unwrap_or(now);
+    let reference = date.and_then(|d| date::parse(d, now)).unwrap_or(now);
+    let at = date::parse(value, reference)?;
     Some(at.duration_since(reference).unwrap_or(Duration::ZERO))
 }
 
 /// Reads `Retry-After` (and `Date`) from response headers; see [`parse`].
+///
+/// Two `Retry-After` fields that disagree (or one that cannot be read next
+/// to one that can) are both ignored: which one is first is an accident of
+/// the proxies in between, and a retry must not depend on it.
 pub fn from_headers(headers: &http::HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     let date = headers
         .get(http::header::DATE)
         .and_then(|d| d.to_str().ok());
-    parse(value, date, now)
+    let mut hints = headers
+        .get_all(http::header::RETRY_AFTER)
+        .iter()
+        .map(|v| parse(v.to_str().ok()?, date, now));
+    let first = hints.next()??;
+    hints.all(|h| h == Some(first)).then_some(first)
+}
+
+/// Whether the headers carry a readable `Retry-After`.
+pub(crate) fn has_hint(headers: &http::HeaderMap) -> bool {
+    // Whether a value can be read does not depend on the clock: `now` only
+    // moves the result (and the century of a two-digit year).
+    from_headers(headers, SystemTime::UNIX_EPOCH).is_some()
 }
 
 /// The delay when a server sent a hint: `max(computed, hint + U(0, min(hint ×
@@ -93,6 +122,64 @@ mod tests {
         // A broken Date header falls back to the local clock.
         let got = parse("Sun, 06 Nov 1994 08:49:47 GMT", Some("yesterday"), now());
         assert_eq!(got, Some(Duration::from_secs(10)));
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (name, value) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn two_retry_after_fields_that_disagree_are_both_ignored() {
+        let date = ("date", "Sun, 06 Nov 1994 08:49:37 GMT");
+        let read = |pairs: &[(&str, &str)]| from_headers(&headers(pairs), now());
+        assert_eq!(read(&[("retry-after", "5")]), Some(Duration::from_secs(5)));
+        assert_eq!(read(&[("retry-after", "5"), ("retry-after", "600")]), None);
+        assert_eq!(read(&[("retry-after", "600"), ("retry-after", "5")]), None);
+        assert_eq!(read(&[("retry-after", "soon"), ("retry-after", "5")]), None);
+        assert_eq!(read(&[("retry-after", "5"), ("retry-after", "soon")]), None);
+        // The same hint twice, even in two forms, is one hint.
+        assert_eq!(
+            read(&[("retry-after", "5"), ("retry-after", "5")]),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            read(&[
+                date,
+                ("retry-after", "10"),
+                ("retry-after", "Sun, 06 Nov 1994 08:49:47 GMT")
+            ]),
+            Some(Duration::from_secs(10))
+        );
+        assert!(has_hint(&headers(&[("retry-after", "5")])));
+        assert!(!has_hint(&headers(&[("retry-after", "soon")])));
+        assert!(!has_hint(&headers(&[])));
+    }
+
+    #[test]
+    fn an_overflowing_number_is_the_largest_value() {
+        let max = Some(Duration::from_secs(u64::MAX));
+        assert_eq!(parse("18446744073709551616", None, now()), max);
+        assert_eq!(parse(&"9".repeat(40), None, now()), max);
+        assert_eq!(parse(&"9".repeat(10_000), None, now()), max);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_parses_or_is_ignored_without_panicking(
+            value in proptest::prelude::any::<String>(),
+            date in proptest::option::of(proptest::prelude::any::<String>()),
+            secs in proptest::prelude::any::<u64>(),
+        ) {
+            let now = SystemTime::UNIX_EPOCH + Duration::from_secs(secs / 2);
+            let _ = parse(&value, date.as_deref(), now);
+        }
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! The `call` example, driven from outside as a user's shell script would.
 
-use std::process::{Command, Output};
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
 
-use wiremock::matchers::{header_exists, method};
+use reqwest_safe_retry::RetryPolicy;
+use wiremock::matchers::{body_string, header_exists, method};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// `cargo test` builds the examples next to the test binaries.
-fn call(args: &[&str]) -> Output {
+fn command() -> Command {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let bin = dir
@@ -16,7 +18,38 @@ fn call(args: &[&str]) -> Output {
         bin.exists(),
         "build the example first: cargo build --example call"
     );
-    Command::new(bin).args(args).output().unwrap()
+    Command::new(bin)
+}
+
+fn call(args: &[&str]) -> Output {
+    command().args(args).output().unwrap()
+}
+
+/// Runs `call` with `input` on its standard input.
+fn call_with_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut child = command()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A server that answers `status` to everything.
+async fn answering(status: u16) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(status))
+        .mount(&server)
+        .await;
+    server
+}
+
+async fn received(server: &MockServer) -> Vec<wiremock::Request> {
+    server.received_requests().await.unwrap()
 }
 
 fn report(output: &Output) -> serde_json::Value {
@@ -157,4 +190,244 @@ fn a_refused_connection_reports_null_status_and_the_error() {
         r["error"].as_str().unwrap().contains("Connection refused"),
         "{r}"
     );
+}
+
+#[tokio::test]
+async fn data_comes_from_a_file_or_stdin_and_implies_post() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(header_exists("idempotency-key"))
+        .and(body_string("{\"amount\":1200}\n"))
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let url = server.uri();
+    let file = std::env::temp_dir().join(format!("call-cli-body-{}.json", std::process::id()));
+    std::fs::write(&file, "{\"amount\":1200}\n").unwrap();
+    let at_file = format!("@{}", file.display());
+    let out = call(&["-d", &at_file, &url]);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = call_with_stdin(&["-d", "@-", &url], b"{\"amount\":1200}\n");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(received(&server).await.len(), 2);
+
+    // A file that cannot be read is a usage error, before anything is sent.
+    let out = call(&["-d", "@/nonexistent/body.json", "--json", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(report(&out)["error"]
+        .as_str()
+        .unwrap()
+        .contains("/nonexistent/body.json"));
+    assert_eq!(received(&server).await.len(), 2);
+    // An explicit -X still wins over the POST that -d implies.
+    let out = call(&["-X", "PUT", "-d", "x", &url]);
+    assert_eq!(out.status.code(), Some(1), "no mock for PUT: 404");
+    assert_eq!(received(&server).await[2].method.as_str(), "PUT");
+}
+
+#[tokio::test]
+async fn a_repeated_option_the_last_one_wins() {
+    let server = answering(503).await;
+    let url = server.uri();
+    let out = call(&[
+        "--max-attempts",
+        "5",
+        "--max-attempts",
+        "2",
+        "--base-ms",
+        "1",
+        "-X",
+        "PUT",
+        "-X",
+        "DELETE",
+        "--json",
+        "--json",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(report(&out)["attempts"], 2);
+    let got = received(&server).await;
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|r| r.method.as_str() == "DELETE"));
+}
+
+#[tokio::test]
+async fn a_url_without_a_scheme_means_http() {
+    let server = answering(200).await;
+    let bare = server.uri().strip_prefix("http://").unwrap().to_owned() + "/x";
+    let out = call(&[&bare]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(received(&server).await[0].url.path(), "/x");
+}
+
+#[tokio::test]
+async fn every_usage_error_exits_2_and_still_ends_with_the_json_report() {
+    let server = answering(200).await;
+    let url = server.uri();
+    let cases: &[&[&str]] = &[
+        &["--json"],
+        &["--json", "--jitter", "sometimes", &url],
+        &["--json", "--deadline", "-1", &url],
+        &["--json", "--max-attempts", "many", &url],
+        &["--json", "-H", "no colon", &url],
+        &["--json", "-X", "GE T", &url],
+        &["--json", "--idempotency-key", "has space", &url],
+        &["--json", "--idempotency-key", &"k".repeat(256), &url],
+        &[
+            "--json",
+            "--idempotency-key",
+            "k",
+            "--no-idempotency-key",
+            &url,
+        ],
+        &[
+            "--json",
+            "--idempotency-key",
+            "a",
+            "-H",
+            "Idempotency-Key: b",
+            &url,
+        ],
+        &[
+            "--json",
+            "--no-idempotency-key",
+            "-H",
+            "idempotency-key: b",
+            &url,
+        ],
+        &["--json", "--unknown", &url],
+        &["--json", "http://[::1"],
+    ];
+    for args in cases {
+        let out = call(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let r = report(&out);
+        assert!(
+            r["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{args:?}: {r}"
+        );
+        assert!(r["status"].is_null() && r["attempts"] == 0, "{args:?}: {r}");
+    }
+    assert!(
+        received(&server).await.is_empty(),
+        "a usage error sends nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_key_in_a_header_and_a_flag_never_both_go_on_the_wire() {
+    let server = answering(201).await;
+    let url = server.uri();
+    let out = call(&[
+        "-X",
+        "POST",
+        "--idempotency-key",
+        "a",
+        "-H",
+        "Idempotency-Key: b",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not both"), "{stderr}");
+    assert!(received(&server).await.is_empty());
+    // Either one alone is sent, once.
+    for args in [["--idempotency-key", "a"], ["-H", "Idempotency-Key: a"]] {
+        let out = call(&[&["-X", "POST"], &args[..], &[&url]].concat());
+        assert_eq!(out.status.code(), Some(0));
+    }
+    for r in received(&server).await {
+        let keys: Vec<_> = r.headers.get_all("idempotency-key").iter().collect();
+        assert_eq!(keys, ["a"]);
+    }
+}
+
+#[tokio::test]
+async fn verbose_prints_one_line_per_attempt() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(2)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let url = server.uri();
+    let out = call(&[
+        "-v",
+        "-d",
+        "{}",
+        "--idempotency-key",
+        "order-7",
+        "--base-ms",
+        "1",
+        "--jitter",
+        "none",
+        "--json",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<_> = stderr.lines().collect();
+    assert_eq!(
+        lines[..3],
+        [
+            "call: attempt 1: 503, retry in 1 ms, key order-7",
+            "call: attempt 2: 503, retry in 2 ms, key order-7",
+            "call: attempt 3: 201, stop: success, key order-7",
+        ],
+        "{stderr}"
+    );
+    assert_eq!(
+        report(&out)["attempts"],
+        3,
+        "the report is still the last line"
+    );
+
+    // An error instead of a status.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = call(&["-v", "--max-attempts", "1", &format!("127.0.0.1:{port}")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("call: attempt 1: connect error, stop: attempts_exhausted, key none\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_shows_the_defaults_the_exit_codes_and_every_jitter_mode() {
+    let out = call(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    let defaults = RetryPolicy::default();
+    let ms = |d: std::time::Duration| d.as_millis().to_string();
+    for default in [
+        defaults.max_attempts().to_string(),
+        defaults.deadline().unwrap().as_secs().to_string(),
+        ms(defaults.backoff().base()),
+        ms(defaults.backoff().cap()),
+        defaults.backoff().jitter().name().to_owned(),
+    ] {
+        assert!(
+            help.contains(&format!("[default: {default}]")),
+            "{default}: {help}"
+        );
+    }
+    for mode in ["none", "full", "equal", "decorrelated", "proportional"] {
+        assert!(help.contains(&format!("- {mode}:")), "{mode}: {help}");
+    }
+    for code in [
+        "0  the final response is 2xx",
+        "1  the final",
+        "2  usage error",
+    ] {
+        assert!(help.contains(code), "{code}: {help}");
+    }
 }

@@ -45,13 +45,56 @@ async fn transient_statuses_are_retried_until_attempts_run_out() {
 
 #[tokio::test]
 async fn permanent_statuses_fail_at_once() {
-    for status in [400, 401, 403, 404, 409, 422, 501, 505] {
+    for status in [400, 401, 403, 404, 409, 413, 422, 501, 505, 507] {
         let (got, report, received) = get_report(status).await;
         assert_eq!(got, status);
         assert_eq!(received, 1, "{status} is permanent");
         assert_eq!(report.stop_reason(), StopReason::Permanent);
         assert!(report.delays().is_empty());
     }
+}
+
+#[tokio::test]
+async fn payload_too_large_with_retry_after_is_temporary() {
+    // RFC 9110 §15.5.14: the server says when to come back.
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(413).insert_header("Retry-After", "2"))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(201))
+        .mount(&server)
+        .await;
+    let clock = ManualClock::new();
+    let (client, _) = client(policy(&clock).build().unwrap());
+    let response = client.post(server.uri()).body("{}").send().await.unwrap();
+    assert_eq!(response.status(), 201);
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.attempts(), 2);
+    assert!(
+        report.delays()[0] >= std::time::Duration::from_secs(2),
+        "the hint is a floor"
+    );
+    let keys: Vec<_> = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.headers["idempotency-key"].clone())
+        .collect();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the same key on the retry");
+
+    // An unreadable hint is no hint: permanent.
+    let server =
+        support::answering_with(ResponseTemplate::new(413).insert_header("Retry-After", "later"))
+            .await;
+    let response = client.get(server.uri()).send().await.unwrap();
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::Permanent);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
 
 #[tokio::test]

@@ -28,7 +28,7 @@ fn every_form_in_the_fixture_parses_or_is_ignored() {
         assert_eq!(got, want, "Retry-After: {value:?}");
         rows += 1;
     }
-    assert_eq!(rows, 21);
+    assert_eq!(rows, 74, "every row was read");
 }
 
 /// A server that answers 503 with these headers once, then 200.
@@ -36,7 +36,7 @@ async fn hinting(headers: &[(&str, String)]) -> MockServer {
     let server = MockServer::start().await;
     let mut first = ResponseTemplate::new(503);
     for (name, value) in headers {
-        first = first.insert_header(*name, value.as_str());
+        first = first.append_header(*name, value.as_str());
     }
     Mock::given(wiremock::matchers::any())
         .respond_with(first)
@@ -136,7 +136,7 @@ async fn past_dates_and_malformed_values_leave_the_computed_backoff() {
         "-5",
         "1.5",
         "soon",
-        "99999999999999999999999",
+        "Sunday, 06-Nov-94x08:49:37 GMT",
     ] {
         let clock = ManualClock::new();
         let (sleeps, report) = slept_after(&[("Retry-After", value.into())], &clock).await;
@@ -219,4 +219,74 @@ async fn a_429_with_a_hint_is_honoured() {
     }
     let report = response.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.delays(), clock.sleeps());
+}
+
+#[tokio::test]
+async fn an_overflowing_number_is_the_largest_hint_and_ends_the_operation() {
+    for value in [
+        "18446744073709551616",
+        "9999999999999999999999999999999999999999",
+    ] {
+        let clock = ManualClock::new();
+        let server = hinting(&[("Retry-After", value.into())]).await;
+        let (c, _) = client(small_backoff(&clock));
+        let response = c.get(server.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 503, "{value}");
+        let report = response.extensions().get::<RetryReport>().unwrap();
+        assert_eq!(
+            report.stop_reason(),
+            StopReason::RetryAfterTooLong,
+            "{value}"
+        );
+        assert!(
+            clock.sleeps().is_empty(),
+            "{value}: a bigger hint is never a sooner retry"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_date_with_a_numeric_zone_is_read_with_its_offset() {
+    // 09:49:49 at +0100 is 08:49:49 GMT: 12 s after the response's Date.
+    let date = "Sun, 06 Nov 1994 08:49:37 GMT".to_owned();
+    for retry_after in [
+        "Sun, 06 Nov 1994 09:49:49 +0100",
+        "Sun, 06 Nov 1994 08:49:49 UTC",
+        "Sun, 6 Nov 94 08:49:49 +0000",
+    ] {
+        let clock = ManualClock::new();
+        let (sleeps, report) = slept_after(
+            &[("Retry-After", retry_after.into()), ("Date", date.clone())],
+            &clock,
+        )
+        .await;
+        assert_hint_floor(sleeps[0], Duration::from_secs(12));
+        assert_eq!(report.retry_after_honoured(), 1, "{retry_after}");
+    }
+}
+
+#[tokio::test]
+async fn two_retry_after_fields_that_disagree_leave_the_computed_backoff() {
+    for pair in [["1", "30"], ["30", "1"]] {
+        let clock = ManualClock::new();
+        let (sleeps, report) = slept_after(
+            &[
+                ("Retry-After", pair[0].into()),
+                ("Retry-After", pair[1].into()),
+            ],
+            &clock,
+        )
+        .await;
+        assert_eq!(sleeps.len(), 1, "{pair:?}");
+        assert!(sleeps[0] <= ms(1), "{pair:?}: slept {:?}", sleeps[0]);
+        assert_eq!(report.retry_after_honoured(), 0);
+    }
+    // Two that agree are one hint.
+    let clock = ManualClock::new();
+    let (sleeps, _) = slept_after(
+        &[("Retry-After", "4".into()), ("Retry-After", "4".into())],
+        &clock,
+    )
+    .await;
+    assert_hint_floor(sleeps[0], Duration::from_secs(4));
 }
