@@ -30,7 +30,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    IdempotencyKey, Jitter, RequestOptions, RetryError, RetryMiddleware, RetryPolicy, RetryReport,
+    IdempotencyKey, Jitter, ReportSlot, RequestOptions, RetryError, RetryMiddleware, RetryPolicy,
+    RetryReport,
 };
 
 /// The library's defaults, shown in `--help`.
@@ -282,10 +283,14 @@ async fn main() -> ExitCode {
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(RetryMiddleware::new(policy))
         .build();
+    // Transport errors come back as reqwest made them; the report of what
+    // the retries did lands in this slot either way.
+    let slot = ReportSlot::new();
     let mut request = client
         .request(method, &url)
         .headers(headers)
-        .with_extension(options);
+        .with_extension(options)
+        .with_extension(slot.clone());
     if let Some(body) = body {
         request = request.body(body);
     }
@@ -303,12 +308,10 @@ async fn main() -> ExitCode {
             }
         }
         Err(err) => {
-            let report = RetryError::from_middleware(&err).map(|e| e.report().clone());
-            let message = match RetryError::from_middleware(&err) {
-                Some(e) => format!("{e}: {}", chain(e.last_error())),
-                None => chain(&err),
-            };
-            (None, report, Some(message))
+            let report = slot
+                .take()
+                .or_else(|| RetryError::from_middleware(&err).map(|e| e.report().clone()));
+            (None, report, Some(chain(&err)))
         }
     };
     if let Some(e) = &error {

@@ -4,7 +4,7 @@
 mod support;
 
 use reqwest_safe_retry::{
-    AttemptOutcome, Class, ManualClock, RequestOptions, RetryError, RetryReport, StopReason,
+    AttemptOutcome, Class, ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason,
 };
 use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 use wiremock::matchers::method;
@@ -230,13 +230,20 @@ async fn a_request_classifier_wins_over_the_client_one() {
 async fn failed_get(url: String) -> (RetryReport, bool, bool) {
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).attempt_timeout(ms(200)).build().unwrap());
-    let err = c.get(url).send().await.unwrap_err();
-    let e = RetryError::from_middleware(&err).expect("the error carries a report");
+    let slot = ReportSlot::new();
+    let err = c
+        .get(url)
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    // The transport error comes back as reqwest made it.
     assert!(
-        std::error::Error::source(e).is_some(),
-        "the last error is the source"
+        matches!(err, reqwest_middleware::Error::Reqwest(_)),
+        "{err:?}"
     );
-    (e.report().clone(), e.is_timeout(), e.is_connect())
+    let report = slot.take().expect("the middleware fills the slot");
+    (report, err.is_timeout(), err.is_connect())
 }
 
 #[tokio::test]
@@ -297,9 +304,16 @@ async fn a_redirect_policy_error_is_permanent() {
         .build()
         .unwrap();
     let (c, _) = support::client_with(no_redirects, policy(&clock).build().unwrap());
-    let err = c.get(server.uri()).send().await.unwrap_err();
-    let e = RetryError::from_middleware(&err).unwrap();
-    assert_eq!(e.report().stop_reason(), StopReason::Permanent);
-    assert_eq!(e.report().attempts(), 1);
+    let slot = ReportSlot::new();
+    let err = c
+        .get(server.uri())
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_redirect(), "{err:?}");
+    let report = slot.take().expect("the middleware fills the slot");
+    assert_eq!(report.stop_reason(), StopReason::Permanent);
+    assert_eq!(report.attempts(), 1);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }
