@@ -17,6 +17,7 @@ fn public_types_are_send_sync_and_debug() {
     send_sync::<TokenBucket>();
     send_sync::<AdaptiveAdmission>();
     send_sync::<NoAdmission>();
+    send_sync::<ReportSlot>();
     send_sync::<RequestOptions>();
     send_sync::<ManualClock>();
     debug::<RetryMiddleware>();
@@ -28,6 +29,8 @@ fn public_types_are_send_sync_and_debug() {
     debug::<TokenBucketConfig>();
     debug::<RetryRequest>();
     debug::<Admission>();
+    debug::<ReportSlot>();
+    debug::<RetryPolicy>();
 }
 
 #[test]
