@@ -1,10 +1,10 @@
 //! Transient or permanent, and why.
 //!
 //! ```
-//! use reqwest_safe_retry::{Class, Classifier, AttemptOutcome};
+//! use reqwest_safe_retry::{Class, Classifier, HttpAttempt};
 //!
 //! // Extend the table: this API answers 404 while a replica catches up.
-//! let classifier = |attempt: &AttemptOutcome<'_>| match attempt.status() {
+//! let classifier = |attempt: &HttpAttempt<'_>| match attempt.status() {
 //!     Some(s) if s.as_u16() == 404 => Some(Class::Transient),
 //!     _ => None, // no opinion: the next classifier, then the default table
 //! };
@@ -65,15 +65,17 @@ pub enum Class {
     Permanent,
 }
 
-/// One attempt's outcome, as a classifier sees it.
+/// One HTTP attempt as a classifier sees it: the method, whether a key
+/// went with it, and the response or the error it ended with. (The engine's
+/// [`Outcome`](crate::Outcome) is what a classifier's answer becomes.)
 #[derive(Debug)]
-pub struct AttemptOutcome<'a> {
+pub struct HttpAttempt<'a> {
     pub(crate) method: &'a Method,
     pub(crate) carried_key: bool,
     pub(crate) result: Result<&'a reqwest::Response, &'a reqwest_middleware::Error>,
 }
 
-impl<'a> AttemptOutcome<'a> {
+impl<'a> HttpAttempt<'a> {
     /// The request's method.
     pub fn method(&self) -> &Method {
         self.method
@@ -104,17 +106,17 @@ impl<'a> AttemptOutcome<'a> {
 ///
 /// Return `None` to have no opinion: the next classifier decides, and in the
 /// end the default table. A classifier that always answers replaces the
-/// table. Closures `Fn(&AttemptOutcome<'_>) -> Option<Class>` are classifiers.
+/// table. Closures `Fn(&HttpAttempt<'_>) -> Option<Class>` are classifiers.
 pub trait Classifier: Send + Sync + 'static {
     /// The class of this outcome, or `None` for no opinion.
-    fn classify(&self, attempt: &AttemptOutcome<'_>) -> Option<Class>;
+    fn classify(&self, attempt: &HttpAttempt<'_>) -> Option<Class>;
 }
 
 impl<F> Classifier for F
 where
-    F: Fn(&AttemptOutcome<'_>) -> Option<Class> + Send + Sync + 'static,
+    F: Fn(&HttpAttempt<'_>) -> Option<Class> + Send + Sync + 'static,
 {
-    fn classify(&self, attempt: &AttemptOutcome<'_>) -> Option<Class> {
+    fn classify(&self, attempt: &HttpAttempt<'_>) -> Option<Class> {
         self(attempt)
     }
 }
@@ -124,7 +126,7 @@ where
 pub struct DefaultClassifier;
 
 impl Classifier for DefaultClassifier {
-    fn classify(&self, attempt: &AttemptOutcome<'_>) -> Option<Class> {
+    fn classify(&self, attempt: &HttpAttempt<'_>) -> Option<Class> {
         Some(match attempt.result {
             Ok(response) if response.status().as_u16() >= 400 && is_replay(response.headers()) => {
                 Class::Permanent

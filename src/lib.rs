@@ -87,7 +87,7 @@ pub use admission::{
 pub use backoff::{Backoff, Jitter};
 pub use builder::RetryPolicyBuilder;
 pub use classify::{
-    classify_error, classify_status, AttemptOutcome, Class, Classifier, DefaultClassifier,
+    classify_error, classify_status, Class, Classifier, DefaultClassifier, HttpAttempt,
 };
 pub use engine::{retry, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};

@@ -22,7 +22,7 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use crate::admission::RetryKind;
-use crate::classify::{self, server_verdict, AttemptOutcome, Class, Classifier, DefaultClassifier};
+use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
 use crate::error::{KeyError, RetryError};
 use crate::idempotency::IdempotencyKey;
@@ -216,7 +216,7 @@ impl HttpAttempts<'_> {
         result: &reqwest_middleware::Result<Response>,
     ) -> Verdict {
         let policy = self.policy;
-        let attempt = AttemptOutcome {
+        let attempt = HttpAttempt {
             method,
             carried_key: self.keyed,
             result: result.as_ref(),

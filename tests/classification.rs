@@ -4,7 +4,7 @@
 mod support;
 
 use reqwest_safe_retry::{
-    AttemptOutcome, Class, ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason,
+    Class, HttpAttempt, ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason,
 };
 use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 use wiremock::matchers::method;
@@ -185,7 +185,7 @@ async fn a_client_classifier_extends_the_table() {
     let server = support::answering(404).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
-        .classifier(|a: &AttemptOutcome<'_>| match a.status() {
+        .classifier(|a: &HttpAttempt<'_>| match a.status() {
             Some(s) if s == 404 => Some(Class::Transient),
             _ => None,
         })
@@ -208,14 +208,14 @@ async fn a_request_classifier_wins_over_the_client_one() {
     let server = support::answering(503).await;
     let clock = ManualClock::new();
     let p = policy(&clock)
-        .classifier(|_: &AttemptOutcome<'_>| Some(Class::Transient))
+        .classifier(|_: &HttpAttempt<'_>| Some(Class::Transient))
         .build()
         .unwrap();
     let (c, _) = client(p);
     let response = c
         .get(server.uri())
         .with_extension(
-            RequestOptions::new().classifier(|_: &AttemptOutcome<'_>| Some(Class::Permanent)),
+            RequestOptions::new().classifier(|_: &HttpAttempt<'_>| Some(Class::Permanent)),
         )
         .send()
         .await
