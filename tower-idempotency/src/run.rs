@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
-use crate::replay::{marker, retry_after_value, to_response};
+use crate::replay::{marker, retry_after_value, to_response, to_stored};
 use crate::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, LeaseToken, StoredResponse};
 
 /// Attempts to store a response before falling back to the marker.
@@ -198,22 +198,7 @@ where
             return Ok(to_response(claim.leave_marker(&detail).await, false));
         }
     };
-    let headers = config
-        .stored_headers
-        .iter()
-        .flat_map(|name| {
-            parts.headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
-        })
-        .collect();
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers,
-        body: body.clone(),
-    };
+    let stored = to_stored(&parts, &config.stored_headers, body.clone());
     if !claim.complete(&stored).await {
         claim
             .leave_marker(&format!(

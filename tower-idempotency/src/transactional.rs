@@ -32,9 +32,9 @@ use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::postgres::{db_err, PostgresStore};
 use crate::problem::{problem, ProblemKind};
-use crate::replay::retry_after_value;
+use crate::replay::{retry_after_value, to_stored};
 use crate::run::{answer_without_running, store_error_answer};
-use crate::store::{ClaimRequest, StoreError, StoredResponse};
+use crate::store::{ClaimRequest, StoreError};
 
 /// A locked [`IdempotencyTransaction`]: dereferences to the sqlx
 /// `Transaction`, so statements run on `&mut **guard`.
@@ -198,22 +198,7 @@ where
             return Ok(problem(ProblemKind::Internal, &detail, None));
         }
     };
-    let headers = config
-        .stored_headers
-        .iter()
-        .flat_map(|name| {
-            parts.headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
-        })
-        .collect();
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers,
-        body: body.clone(),
-    };
+    let stored = to_stored(&parts, &config.stored_headers, body.clone());
     if let Err(err) = pg.complete_on(&mut tx, &scope, &key, lease, &stored).await {
         rollback(tx).await;
         return Ok(store_error_answer(err, &config));
