@@ -268,10 +268,14 @@ async fn pay(
         calls.push(tokio::spawn(async move {
             let _permit = permit;
             let body = format!(r#"{{"account":"{account}","amount":{}}}"#, 100 + i);
+            // Filled with the report whatever the result: a transport error
+            // comes back as reqwest made it.
+            let slot = reqwest_safe_retry::ReportSlot::new();
             let result = client
                 .post(url)
                 .header("content-type", "application/json")
                 .body(body)
+                .with_extension(slot.clone())
                 .send()
                 .await;
             match result {
@@ -287,8 +291,7 @@ async fn pay(
                 Err(err) => Seen {
                     succeeded: false,
                     replayed: false,
-                    attempts: reqwest_safe_retry::RetryError::from_middleware(&err)
-                        .map_or(0, |e| e.report().attempts()),
+                    attempts: slot.get().map_or(0, |r| r.attempts()),
                     account,
                 },
             }
