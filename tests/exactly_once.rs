@@ -288,7 +288,7 @@ async fn pay(
                         .map_or(0, RetryReport::attempts),
                     account,
                 },
-                Err(err) => Seen {
+                Err(_) => Seen {
                     succeeded: false,
                     replayed: false,
                     attempts: slot.get().map_or(0, |r| r.attempts()),
