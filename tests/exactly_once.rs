@@ -464,8 +464,9 @@ async fn restarting_postgres_loses_and_doubles_nothing() {
     require_postgres().await;
     let t = tally(&first, &seen).await;
     eprintln!(
-        "paid in {paid:?}, counted in {:?}",
-        started.elapsed() - paid
+        "paid in {paid:?}, counted in {:?}; the replicas logged {} warning lines",
+        started.elapsed() - paid,
+        first.stderr_lines() + second.stderr_lines(),
     );
     let m = metrics.metrics().snapshot();
     eprintln!(

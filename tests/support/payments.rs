@@ -3,8 +3,10 @@
 //! `cargo test` builds the examples; `cargo test --test NAME` does not, so
 //! run `cargo build --examples` first or the test runs a stale server.
 
+use std::io::BufRead;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
 /// The PostgreSQL the tests use: `DATABASE_URL`, or the local default.
 pub fn database_url() -> String {
@@ -26,6 +28,9 @@ pub fn example(name: &str) -> std::path::PathBuf {
 pub struct PaymentsServer {
     child: Child,
     pub addr: SocketAddr,
+    /// What the server wrote to stderr (its warnings), drained by a thread:
+    /// an unread pipe fills up and blocks the server's next log line.
+    stderr: Arc<Mutex<Vec<String>>>,
     /// One client for every count: a new reqwest client costs tens of
     /// milliseconds (it loads the TLS roots).
     direct: reqwest::Client,
@@ -49,23 +54,41 @@ impl PaymentsServer {
             .stderr(Stdio::piped())
             .spawn()
             .expect("build the example first: cargo build --example payments_server");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        let pipe = child.stderr.take().unwrap();
+        let drain = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                lines.lock().unwrap().push(line);
+            }
+        });
         let stdout = child.stdout.take().unwrap();
         let mut line = String::new();
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
         match line.trim().strip_prefix("listening on ") {
             Some(addr) => PaymentsServer {
                 addr: addr.parse().unwrap(),
                 child,
+                stderr,
                 direct: reqwest::Client::new(),
             },
             None => {
-                let out = child.wait_with_output().unwrap();
+                let _ = child.wait();
+                let _ = drain.join();
                 panic!(
                     "payments_server {args:?} did not start: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
+                    stderr.lock().unwrap().join("\n")
                 );
             }
         }
+    }
+
+    /// How many lines the server wrote to stderr so far.
+    pub fn stderr_lines(&self) -> usize {
+        self.stderr.lock().unwrap().len()
     }
 
     /// `http://addr/payments`.
