@@ -20,13 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
+use axum::extract::State;
 use axum::http::Request;
 use axum::routing::post;
-use axum::Router;
+use axum::{Extension, Router};
 use tower::ServiceExt;
 use tower_idempotency::{
-    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    PostgresStore, StoredResponse,
+    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyLayer, IdempotencyStore,
+    IdempotencyTransaction, MemoryStore, PostgresStore, StoredResponse,
 };
 
 const CONCURRENCY: [usize; 3] = [1, 8, 32];
@@ -115,6 +116,88 @@ async fn request_latency(app: Router, tasks: usize, total: usize) -> Duration {
     start.elapsed() * tasks as u32 / (per_task * tasks) as u32
 }
 
+/// A handler that writes one row: in its own transaction (`tx` = None) or
+/// through the layer's transaction (transactional mode).
+async fn insert_row(
+    State(pool): State<sqlx::PgPool>,
+    tx: Option<Extension<IdempotencyTransaction>>,
+) -> (axum::http::StatusCode, &'static str) {
+    let sql = "INSERT INTO tower_idem_bench_effects (note) VALUES ('x')";
+    match tx {
+        Some(Extension(tx)) => {
+            let mut conn = tx.lock().await.expect("transaction");
+            sqlx::query(sql).execute(&mut **conn).await.expect("insert");
+        }
+        None => {
+            let mut own = pool.begin().await.expect("begin");
+            sqlx::query(sql).execute(&mut *own).await.expect("insert");
+            own.commit().await.expect("commit");
+        }
+    }
+    (axum::http::StatusCode::CREATED, "{}")
+}
+
+/// Requests per second of a PostgreSQL handler that writes one row: without
+/// the layer, with the two-phase layer, and in the transactional mode.
+/// Variants run interleaved, three rounds each, so that the ratios are paired
+/// (absolute rates swing with the machine's load).
+async fn handler_writes(store: &PostgresStore, total: usize) {
+    sqlx::query("CREATE TABLE IF NOT EXISTS tower_idem_bench_effects (id bigserial, note text)")
+        .execute(store.pool())
+        .await
+        .expect("effects table");
+    let app = |layer: Option<IdempotencyLayer>| {
+        let r = Router::new()
+            .route("/payments", post(insert_row))
+            .with_state(store.pool().clone());
+        match layer {
+            Some(layer) => r.layer(layer),
+            None => r,
+        }
+    };
+    let variants = [
+        ("no layer", app(None)),
+        ("two-phase", app(Some(IdempotencyLayer::new(store.clone())))),
+        (
+            "transactional",
+            app(Some(
+                IdempotencyLayer::transactional(store.clone())
+                    .build()
+                    .expect("settings"),
+            )),
+        ),
+    ];
+    println!();
+    println!("PostgreSQL handler writing one row: requests/s (3 interleaved rounds)");
+    println!(
+        "{:<14} {:>6} {:>8} {:>12} {:>14}",
+        "variant", "tasks", "requests", "req/s", "vs no layer"
+    );
+    for tasks in [1, 32] {
+        let mut spent = [Duration::ZERO; 3];
+        for _ in 0..3 {
+            for (i, (_, router)) in variants.iter().enumerate() {
+                spent[i] += request_latency(router.clone(), tasks, total).await * total as u32
+                    / tasks as u32;
+            }
+        }
+        let rate = |d: Duration| (3 * total) as f64 / d.as_secs_f64();
+        let base = rate(spent[0]);
+        for (i, (name, _)) in variants.iter().enumerate() {
+            let r = rate(spent[i]);
+            println!(
+                "{name:<14} {tasks:>6} {:>8} {r:>12.0} {:>14.2}",
+                3 * total,
+                r / base
+            );
+        }
+    }
+    sqlx::query("DROP TABLE IF EXISTS tower_idem_bench_effects")
+        .execute(store.pool())
+        .await
+        .expect("drop effects table");
+}
+
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -162,6 +245,10 @@ async fn main() {
             let added = with.saturating_sub(base);
             println!("{name:<10} {tasks:>6} {total:>8} {base:>14.2?} {with:>14.2?} {added:>12.2?}");
         }
+    }
+
+    if let Some(store) = &pg {
+        handler_writes(store, if quick { 300 } else { 1_500 }).await;
     }
 
     if let Some(store) = pg {

@@ -29,6 +29,10 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_response_body: usize,
     pub(crate) release_statuses: Vec<StatusCode>,
+    /// PostgreSQL's transactional mode: claim, handler writes and response
+    /// in one transaction.
+    #[cfg(feature = "postgres")]
+    pub(crate) transactional: Option<crate::PostgresStore>,
 }
 
 impl Default for Config {
@@ -51,6 +55,8 @@ impl Default for Config {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 StatusCode::UNPROCESSABLE_ENTITY,
             ],
+            #[cfg(feature = "postgres")]
+            transactional: None,
         }
     }
 }
@@ -127,6 +133,12 @@ impl IdempotencyLayerBuilder {
             config: Config::default(),
             heartbeat_set: false,
         }
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) fn transactional(mut self, store: crate::PostgresStore) -> Self {
+        self.config.transactional = Some(store);
+        self
     }
 
     /// Methods the layer applies to (default `POST`, `PATCH`); requests with

@@ -115,6 +115,36 @@ impl IdempotencyLayer {
         IdempotencyLayerBuilder::new(store)
     }
 
+    /// A builder for PostgreSQL's **transactional mode**: the claim, the
+    /// handler's own writes and the stored response commit in one
+    /// transaction (one WAL flush per request, exactly once).
+    ///
+    /// The handler finds an [`IdempotencyTransaction`](crate::IdempotencyTransaction)
+    /// in its request extensions and writes through it; the layer commits
+    /// after storing the response, or rolls everything back when the
+    /// handler fails, panics, answers a release status or a response too
+    /// large to keep (then nothing happened and the key is free). A
+    /// duplicate arriving meanwhile waits on the claim row's lock, then gets
+    /// the replay. Choose it when every effect of the handler is a write to
+    /// this database; for effects elsewhere use [`IdempotencyLayer::builder`]
+    /// (two-phase: claim, run, complete). No lease is kept: an open
+    /// transaction cannot be taken over, and one whose server died is rolled
+    /// back by PostgreSQL. Each request in flight holds one pooled
+    /// connection: size the pool for the concurrency you expect.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::{IdempotencyLayer, PostgresStore};
+    /// let store = PostgresStore::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::transactional(store).build()?;
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn transactional(store: crate::PostgresStore) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder::new(Arc::new(store.clone())).transactional(store)
+    }
+
     pub(crate) fn from_parts(store: Arc<dyn IdempotencyStore>, config: Arc<Config>) -> Self {
         Self { store, config }
     }

@@ -78,11 +78,14 @@
 //!
 //! # What is guaranteed, for which handlers
 //!
-//! * **Exactly once**: a PostgreSQL handler that writes its effect and
-//!   completes the key in one transaction
-//!   (`PostgresStore::complete_in_tx`, with the [`IdempotencyContext`] found
-//!   in the request extensions). The effect and the stored response commit
-//!   or roll back together, so no crash can separate them.
+//! * **Exactly once**: a PostgreSQL handler whose effects are all writes to
+//!   that database, run in the transactional mode
+//!   (`IdempotencyLayer::transactional`: claim, writes and response in one
+//!   transaction), or in the two-phase mode completing the key in its own
+//!   transaction (`PostgresStore::complete_in_tx`, with the
+//!   [`IdempotencyContext`] found in the request extensions). The effect and
+//!   the stored response commit or roll back together, so no crash can
+//!   separate them.
 //! * **At most once per lease** for every other handler (MemoryStore, or an
 //!   effect outside the database such as a call to a payment processor): the
 //!   effect runs at most once while its server lives. If the server dies
@@ -133,6 +136,8 @@ mod replay;
 mod run;
 mod scope;
 mod store;
+#[cfg(feature = "postgres")]
+mod transactional;
 
 pub use config::{ConfigError, IdempotencyLayerBuilder};
 pub use layer::{
@@ -146,3 +151,5 @@ pub use store::{
     spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,
     ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
 };
+#[cfg(feature = "postgres")]
+pub use transactional::{IdempotencyTransaction, TransactionGuard};

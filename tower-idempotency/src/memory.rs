@@ -85,8 +85,9 @@ impl Inner {
 /// to test expiry and lock timeouts without sleeping.
 ///
 /// Bounded: at most [`max_keys`](Self::max_keys) records (default 100 000).
-/// When a new key would exceed the bound, expired records go first, then the
-/// oldest completed ones; in-progress claims are never evicted (a claim that
+/// When a new key would exceed the bound, the oldest completed record goes
+/// (expired in-progress ones when there is none); in-progress claims are
+/// never evicted (a claim that
 /// finds only in-progress records gets a transient error, answered `503`).
 /// Expired records are swept while writing, at most once per
 /// [`sweep_every`](Self::sweep_every) (default 60 s), so no background task
@@ -171,7 +172,9 @@ impl MemoryStore {
         if inner.records.len() < self.max_keys.get() {
             return Ok(());
         }
-        if inner.sweep(now) > 0 || inner.evict_oldest_completed() {
+        // Evicting is O(log n); a sweep is O(n), so it runs here only when
+        // every record is in progress (some of them may have expired).
+        if inner.evict_oldest_completed() || inner.sweep(now) > 0 {
             return Ok(());
         }
         Err(StoreError::msg(format!(

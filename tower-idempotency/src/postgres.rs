@@ -134,7 +134,7 @@ fn is_transient(err: &sqlx::Error) -> bool {
     }
 }
 
-fn db_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(crate) fn db_err(what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |e| {
         let transient = is_transient(&e);
         let err = StoreError::with_source(what, e);
@@ -259,35 +259,15 @@ impl PostgresStore {
             .await
     }
 
-    async fn complete_on(
+    /// Claims on `conn` (a pooled connection, or the transaction of the
+    /// transactional mode, where the claim commits with the handler's
+    /// writes). A claim that loses the insert race and then finds the row
+    /// gone (it was released in between) tries again; a few rounds suffice.
+    pub(crate) async fn claim_on(
         &self,
         conn: &mut PgConnection,
-        scope: &str,
-        key: &str,
-        lease: LeaseToken,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        let status = i16::try_from(response.status)
-            .map_err(|_| StoreError::msg("status code out of range"))?;
-        let result = sqlx::query(&self.queries.complete)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .bind(status)
-            .bind(headers_json(&response.headers)?)
-            .bind(response.body.as_ref())
-            .execute(conn)
-            .await
-            .map_err(db_err("completing idempotency key"))?;
-        Ok(result.rows_affected() == 1)
-    }
-}
-
-#[async_trait]
-impl IdempotencyStore for PostgresStore {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        // A claim that loses the insert race and then finds the row gone (it
-        // was released in between) simply tries again; a few rounds suffice.
+        req: ClaimRequest<'_>,
+    ) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         for _ in 0..8 {
             let lease = LeaseToken::new_random();
@@ -298,7 +278,7 @@ impl IdempotencyStore for PostgresStore {
                 .bind(interval_secs(req.ttl))
                 .bind(lease.0.to_string())
                 .bind(interval_secs(req.lock_timeout))
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(db_err("claiming idempotency key"))?;
             if claimed.is_some() {
@@ -307,7 +287,7 @@ impl IdempotencyStore for PostgresStore {
             let row = sqlx::query(&self.queries.select)
                 .bind(req.scope)
                 .bind(req.key)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *conn)
                 .await
                 .map_err(db_err("reading idempotency key"))?;
             let Some(row) = row else { continue };
@@ -344,6 +324,41 @@ impl IdempotencyStore for PostgresStore {
         Err(StoreError::msg(
             "claiming idempotency key: the row kept changing, giving up",
         ))
+    }
+
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let status = i16::try_from(response.status)
+            .map_err(|_| StoreError::msg("status code out of range"))?;
+        let result = sqlx::query(&self.queries.complete)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .bind(status)
+            .bind(headers_json(&response.headers)?)
+            .bind(response.body.as_ref())
+            .execute(conn)
+            .await
+            .map_err(db_err("completing idempotency key"))?;
+        Ok(result.rows_affected() == 1)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(db_err("acquiring a connection"))?;
+        self.claim_on(&mut conn, req).await
     }
 
     async fn complete(

@@ -27,6 +27,30 @@ pub(crate) fn marker(detail: &str) -> StoredResponse {
     )
 }
 
+/// What is kept of a response: its status, the `names` headers whose values
+/// are text, and the body.
+pub(crate) fn to_stored(
+    parts: &http::response::Parts,
+    names: &[HeaderName],
+    body: Bytes,
+) -> StoredResponse {
+    let headers = names
+        .iter()
+        .flat_map(|name| {
+            parts.headers.get_all(name).iter().filter_map(move |v| {
+                v.to_str()
+                    .ok()
+                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
+            })
+        })
+        .collect();
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body,
+    }
+}
+
 /// Turns a stored response into an HTTP response; `replayed` adds
 /// `Idempotent-Replayed: true`.
 pub(crate) fn to_response<B: From<Bytes>>(stored: StoredResponse, replayed: bool) -> Response<B> {

@@ -24,7 +24,7 @@ use crate::config::Config;
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
-use crate::replay::{marker, retry_after_value, to_response};
+use crate::replay::{marker, retry_after_value, to_response, to_stored};
 use crate::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, LeaseToken, StoredResponse};
 
 /// Attempts to store a response before falling back to the marker.
@@ -50,6 +50,10 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = config.transactional.clone() {
+        return crate::transactional::process(inner, pg, config, parts, body, key).await;
+    }
     let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
     let scope = config.scope.stored_scope(&parts);
     let claimed = store
@@ -82,7 +86,7 @@ where
 }
 
 /// The lease, or the answer when the key is not ours to run.
-fn answer_without_running<B: From<Bytes>>(
+pub(crate) fn answer_without_running<B: From<Bytes>>(
     claimed: Result<ClaimOutcome, crate::StoreError>,
     config: &Config,
 ) -> Result<LeaseToken, Response<B>> {
@@ -105,22 +109,29 @@ fn answer_without_running<B: From<Bytes>>(
             "this idempotency key was already used with a different request",
             None,
         )),
-        Err(err) if err.is_transient() => {
-            tracing::error!(error = %err, "idempotency store unavailable");
-            Err(problem(
-                ProblemKind::StoreUnavailable,
-                "the idempotency store is unavailable; retry later",
-                Some(retry_after),
-            ))
-        }
-        Err(err) => {
-            tracing::error!(error = %err, "idempotency store refused the claim");
-            Err(problem(
-                ProblemKind::StoreFailed,
-                "the idempotency store refused this request; nothing was run",
-                None,
-            ))
-        }
+        Err(err) => Err(store_error_answer(err, config)),
+    }
+}
+
+/// `503` + `Retry-After` for a transient store error, `500` otherwise.
+pub(crate) fn store_error_answer<B: From<Bytes>>(
+    err: crate::StoreError,
+    config: &Config,
+) -> Response<B> {
+    if err.is_transient() {
+        tracing::error!(error = %err, "idempotency store unavailable");
+        problem(
+            ProblemKind::StoreUnavailable,
+            "the idempotency store is unavailable; retry later",
+            Some(retry_after_value(config.retry_after)),
+        )
+    } else {
+        tracing::error!(error = %err, "idempotency store refused the request");
+        problem(
+            ProblemKind::StoreFailed,
+            "the idempotency store refused this request; nothing was run",
+            None,
+        )
     }
 }
 
@@ -187,22 +198,7 @@ where
             return Ok(to_response(claim.leave_marker(&detail).await, false));
         }
     };
-    let headers = config
-        .stored_headers
-        .iter()
-        .flat_map(|name| {
-            parts.headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
-            })
-        })
-        .collect();
-    let stored = StoredResponse {
-        status: parts.status.as_u16(),
-        headers,
-        body: body.clone(),
-    };
+    let stored = to_stored(&parts, &config.stored_headers, body.clone());
     if !claim.complete(&stored).await {
         claim
             .leave_marker(&format!(

@@ -1,0 +1,225 @@
+//! PostgreSQL's transactional mode: the claim, the handler's own writes and
+//! the stored response commit in one transaction.
+//!
+//! The claim row is inserted in a transaction that stays open while the
+//! handler runs; the handler writes through the same transaction (the
+//! [`IdempotencyTransaction`] in its request extensions); the layer then
+//! stores the response in it and commits. One commit, one WAL flush, and
+//! nothing can separate an effect from its stored response. A concurrent
+//! duplicate waits on the claim row's lock and, once the first commits, gets
+//! the replay. A request that fails in any way before the commit (panic,
+//! error, release status, a response too large to keep) rolls everything
+//! back: no effect, no key, and a retry may run again.
+//!
+//! Choose it only when every effect of the handler is a write to this
+//! database; a handler with effects elsewhere (a payment processor) needs
+//! the two-phase mode and its recovery points.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use sqlx::{Postgres, Transaction};
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+use tower_service::Service;
+
+use crate::config::Config;
+use crate::key::fingerprint;
+use crate::layer::{BoxError, IdempotencyContext};
+use crate::postgres::{db_err, PostgresStore};
+use crate::problem::{problem, ProblemKind};
+use crate::replay::{retry_after_value, to_stored};
+use crate::run::{answer_without_running, store_error_answer};
+use crate::store::{ClaimRequest, StoreError};
+
+/// A locked [`IdempotencyTransaction`]: dereferences to the sqlx
+/// `Transaction`, so statements run on `&mut **guard`.
+pub type TransactionGuard =
+    OwnedMappedMutexGuard<Option<Transaction<'static, Postgres>>, Transaction<'static, Postgres>>;
+
+/// The transaction a request runs in, in the transactional mode (see
+/// [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)).
+///
+/// Found in the request extensions (axum: `Extension<IdempotencyTransaction>`).
+/// Write the handler's effects through it; the layer commits them together
+/// with the claim and the stored response, or rolls everything back.
+///
+/// ```no_run
+/// # async fn handler(tx: tower_idempotency::IdempotencyTransaction) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut conn = tx.lock().await?;
+/// sqlx::query("INSERT INTO payments (account, amount) VALUES ('a', 1)")
+///     .execute(&mut **conn)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyTransaction {
+    tx: Arc<Mutex<Option<Transaction<'static, Postgres>>>>,
+}
+
+impl fmt::Debug for IdempotencyTransaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyTransaction")
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyTransaction {
+    /// Locks the transaction for the handler's statements: execute them on
+    /// `&mut **guard`. Do not commit or roll back: the layer does.
+    ///
+    /// # Errors
+    ///
+    /// When the request is already finished (the handle was kept after the
+    /// handler returned).
+    pub fn lock(
+        &self,
+    ) -> impl std::future::Future<Output = Result<TransactionGuard, StoreError>> + Send + 'static
+    {
+        // An owned guard, not one borrowing `self`: a borrowed guard held
+        // across `.await` trips rustc's higher-ranked `Send` check in axum
+        // handlers.
+        let tx = self.tx.clone();
+        async move {
+            OwnedMutexGuard::try_map(tx.lock_owned().await, Option::as_mut)
+                .map_err(|_| StoreError::msg("the request's transaction is already finished"))
+        }
+    }
+
+    async fn take(&self) -> Option<Transaction<'static, Postgres>> {
+        self.tx.lock().await.take()
+    }
+}
+
+/// Runs a keyed request in one transaction (the transactional counterpart
+/// of `run::process`).
+pub(crate) async fn process<S, ReqBody, ResBody>(
+    mut inner: S,
+    pg: PostgresStore,
+    config: Arc<Config>,
+    mut parts: Parts,
+    body: Bytes,
+    key: String,
+) -> Result<Response<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
+    let scope = config.scope.stored_scope(&parts);
+    let mut tx = match pg.pool().begin().await {
+        Ok(tx) => tx,
+        Err(err) => {
+            return Ok(store_error_answer(
+                db_err("beginning a transaction")(err),
+                &config,
+            ))
+        }
+    };
+    let claimed = pg
+        .claim_on(
+            &mut tx,
+            ClaimRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint,
+                lock_timeout: config.lock_timeout,
+                ttl: config.expiry,
+            },
+        )
+        .await;
+    let lease = match answer_without_running(claimed, &config) {
+        Ok(lease) => lease,
+        Err(answer) => {
+            rollback(tx).await;
+            return Ok(answer);
+        }
+    };
+    let handle = IdempotencyTransaction {
+        tx: Arc::new(Mutex::new(Some(tx))),
+    };
+    parts.extensions.insert(handle.clone());
+    parts
+        .extensions
+        .insert(IdempotencyContext::new(&scope, &key, lease));
+    let outcome = tokio::spawn(inner.call(Request::from_parts(parts, ReqBody::from(body)))).await;
+    let Some(mut tx) = handle.take().await else {
+        // Only this function takes the transaction out.
+        return Ok(problem(
+            ProblemKind::Internal,
+            "the request's transaction disappeared",
+            None,
+        ));
+    };
+    let response = match outcome {
+        Ok(Ok(response)) => response,
+        Ok(Err(err)) => {
+            rollback(tx).await;
+            return Err(err);
+        }
+        Err(join) => {
+            rollback(tx).await;
+            let what = if join.is_panic() {
+                "panicked"
+            } else {
+                "was cancelled"
+            };
+            return Ok(problem(
+                ProblemKind::Internal,
+                &format!(
+                    "the handler {what}; its transaction was rolled back, nothing was committed"
+                ),
+                None,
+            ));
+        }
+    };
+    if config.release_statuses.contains(&response.status()) {
+        rollback(tx).await;
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    let body = match Limited::new(body, config.max_response_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) => {
+            rollback(tx).await;
+            let detail = format!(
+                "the response could not be kept ({err}; the limit is {} bytes); the transaction \
+                 was rolled back, nothing was committed",
+                config.max_response_body
+            );
+            return Ok(problem(ProblemKind::Internal, &detail, None));
+        }
+    };
+    let stored = to_stored(&parts, &config.stored_headers, body.clone());
+    if let Err(err) = pg.complete_on(&mut tx, &scope, &key, lease, &stored).await {
+        rollback(tx).await;
+        return Ok(store_error_answer(err, &config));
+    }
+    if let Err(err) = tx.commit().await {
+        // Committed or not, the outcome is consistent: a retry gets the
+        // stored response, or runs a request that left no trace.
+        tracing::error!(error = %err, key, "committing an idempotent request failed");
+        return Ok(problem(
+            ProblemKind::StoreUnavailable,
+            "the commit failed: a retry gets the stored response if it committed, or runs the \
+             request again if it did not",
+            Some(retry_after_value(config.retry_after)),
+        ));
+    }
+    Ok(Response::from_parts(parts, ResBody::from(body)))
+}
+
+async fn rollback(tx: Transaction<'static, Postgres>) {
+    if let Err(err) = tx.rollback().await {
+        // The connection is gone: PostgreSQL rolls back by itself.
+        tracing::warn!(error = %err, "rolling back an idempotent request failed");
+    }
+}

@@ -1,0 +1,204 @@
+//! PostgreSQL's transactional mode: claim, the handler's writes and the
+//! stored response commit in one transaction, or nothing does.
+mod support;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post as post_route;
+use axum::{Extension, Router};
+use support::{post, req, send, Harness};
+use tokio::sync::Notify;
+use tower_idempotency::{IdempotencyLayer, IdempotencyTransaction, PostgresStore};
+
+#[derive(Clone)]
+struct App {
+    effects: Arc<String>,
+    started: Arc<Notify>,
+    proceed: Arc<Notify>,
+}
+
+/// Writes one effect row through the request's transaction, then answers as
+/// the request headers say (`x-status`, `x-panic`, `x-size`, `x-wait`).
+async fn pay(
+    State(app): State<App>,
+    Extension(tx): Extension<IdempotencyTransaction>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, String) {
+    {
+        let mut conn = tx.lock().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", app.effects))
+            .bind(&body)
+            .execute(&mut **conn)
+            .await
+            .unwrap();
+    }
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if get("x-wait").is_some() {
+        let proceed = app.proceed.notified();
+        app.started.notify_one();
+        proceed.await;
+    }
+    if get("x-panic").is_some() {
+        panic!("handler panicked on purpose");
+    }
+    let status = get("x-status")
+        .and_then(|v| v.parse().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let size = get("x-size").and_then(|v| v.parse().ok()).unwrap_or(0);
+    (status, format!("paid {body}{}", "x".repeat(size)))
+}
+
+struct Setup {
+    h: Harness,
+    pg: PostgresStore,
+    router: Router,
+    app: App,
+}
+
+impl Setup {
+    async fn new() -> Self {
+        let h = Harness::postgres().await;
+        let pg = h.pg.clone().unwrap();
+        let effects = support::unique("tower_idem_effects_");
+        sqlx::query(&format!(
+            "CREATE TABLE {effects} (id bigserial PRIMARY KEY, note text NOT NULL)"
+        ))
+        .execute(pg.pool())
+        .await
+        .unwrap();
+        let app = App {
+            effects: Arc::new(effects),
+            started: Arc::new(Notify::new()),
+            proceed: Arc::new(Notify::new()),
+        };
+        let layer = IdempotencyLayer::transactional(pg.clone())
+            .max_response_body_bytes(1000)
+            .build()
+            .unwrap();
+        let router = Router::new()
+            .route("/payments", post_route(pay))
+            .with_state(app.clone())
+            .layer(layer);
+        Self { h, pg, router, app }
+    }
+
+    async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(self.pg.pool())
+            .await
+            .unwrap()
+    }
+
+    async fn effects(&self) -> i64 {
+        self.count(&self.app.effects).await
+    }
+
+    async fn done(self) {
+        sqlx::query(&format!("DROP TABLE {}", self.app.effects))
+            .execute(self.pg.pool())
+            .await
+            .unwrap();
+        self.h.cleanup().run().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claim_effect_and_response_commit_together() {
+    let s = Setup::new().await;
+    let started = s.app.started.notified();
+    let r = s.router.clone();
+    let first = tokio::spawn(async move {
+        send(
+            &r,
+            req("POST", "/payments", Some("k"), "10", &[("x-wait", "1")]),
+        )
+        .await
+    });
+    started.await;
+    // While the handler runs, neither its claim nor its effect is visible:
+    // they are in one uncommitted transaction.
+    assert_eq!(s.count(s.pg.table()).await, 0);
+    assert_eq!(s.effects().await, 0);
+    s.app.proceed.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(s.count(s.pg.table()).await, 1);
+    assert_eq!(s.effects().await, 1);
+    let replay = send(&s.router, post("k", "10")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(s.effects().await, 1);
+    s.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_run_once() {
+    let s = Setup::new().await;
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let r = s.router.clone();
+        tasks.push(tokio::spawn(
+            async move { send(&r, post("dup", "5")).await },
+        ));
+    }
+    let mut bodies = Vec::new();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status.as_u16() {
+            201 => bodies.push(reply.body),
+            409 => {}
+            other => panic!("unexpected {other}: {:?}", reply.body),
+        }
+    }
+    assert!(!bodies.is_empty());
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+    assert_eq!(s.effects().await, 1, "a duplicate ran twice");
+    s.done().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failures_roll_everything_back() {
+    let s = Setup::new().await;
+    // A panic after the write: nothing committed, the key is free.
+    let crashed = send(
+        &s.router,
+        req("POST", "/payments", Some("p"), "1", &[("x-panic", "1")]),
+    )
+    .await;
+    crashed.assert_problem(500);
+    assert_eq!(s.effects().await, 0);
+    // A release status after the write: rolled back too.
+    let invalid = send(
+        &s.router,
+        req("POST", "/payments", Some("p"), "1", &[("x-status", "422")]),
+    )
+    .await;
+    assert_eq!(invalid.status, 422);
+    assert_eq!(s.effects().await, 0);
+    // A response too large to keep: rolled back, nothing happened.
+    let big = send(
+        &s.router,
+        req("POST", "/payments", Some("p"), "1", &[("x-size", "2000")]),
+    )
+    .await;
+    big.assert_problem(500);
+    assert_eq!(s.effects().await, 0);
+    // The same key finally succeeds, once.
+    assert_eq!(send(&s.router, post("p", "1")).await.status, 201);
+    assert!(send(&s.router, post("p", "1")).await.replayed());
+    assert_eq!(s.effects().await, 1);
+    // A 5xx is stored with its effect, as in the two-phase mode.
+    let failed = send(
+        &s.router,
+        req("POST", "/payments", Some("q"), "2", &[("x-status", "503")]),
+    )
+    .await;
+    assert_eq!(failed.status, 503);
+    let again = send(&s.router, post("q", "2")).await;
+    assert!(again.replayed());
+    assert_eq!(s.effects().await, 2);
+    s.done().await;
+}
