@@ -1,16 +1,15 @@
-//! Success-path overhead: requests per second against one local server
-//! (axum, `200 ok`) through
+//! Success-path overhead, what users pay: requests per second against one
+//! local server (axum, `200 ok`) for a GET and for a POST with a body (which
+//! `RetryMiddleware` gives an idempotency key, so it pays for key
+//! generation and the header) through
 //!
 //! - a bare `reqwest::Client`,
 //! - `ClientWithMiddleware` with no middleware,
+//! - `ClientWithMiddleware` with reqwest-retry's `RetryTransientMiddleware`,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
-//!   and the same without a deadline (with one, every attempt carries a
-//!   timeout of the time left, i.e. a timer in reqwest),
-//! - a bare client with a 30 s request timeout, to price that timer alone,
-//! - `ClientWithMiddleware` with reqwest-retry's `RetryTransientMiddleware`
-//!   (for comparison only),
 //!
-//! sequentially and with some concurrency, in one run. Variants are
+//! sequentially and with some concurrency, in one run. Each variant's
+//! throughput is shown as a ratio to the bare client and to reqwest-retry. Variants are
 //! interleaved (the order rotates every round) and each round's numbers are
 //! divided by the bare client's in the same round, so drift of the machine
 //! cancels out; the table shows medians over the rounds.
@@ -25,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use axum::routing::get;
 use axum::Router;
+use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
@@ -37,9 +37,12 @@ enum Variant {
 }
 
 impl Variant {
-    async fn get(&self, url: &str) -> bool {
+    async fn send(&self, method: &Method, url: &str) -> bool {
+        let post = *method == Method::POST;
         let response = match self {
+            Variant::Bare(c) if post => c.post(url).body("{}").send().await.map_err(|_| ()),
             Variant::Bare(c) => c.get(url).send().await.map_err(|_| ()),
+            Variant::Middleware(c) if post => c.post(url).body("{}").send().await.map_err(|_| ()),
             Variant::Middleware(c) => c.get(url).send().await.map_err(|_| ()),
         };
         match response {
@@ -63,6 +66,9 @@ fn client() -> reqwest::Client {
         .expect("a reqwest client")
 }
 
+/// Index of reqwest-retry in [`variants`], the second baseline.
+const REQWEST_RETRY: usize = 2;
+
 fn variants() -> Vec<(&'static str, Variant)> {
     vec![
         ("bare reqwest::Client", Variant::Bare(client())),
@@ -71,43 +77,20 @@ fn variants() -> Vec<(&'static str, Variant)> {
             Variant::Middleware(ClientBuilder::new(client()).build()),
         ),
         (
-            "RetryMiddleware (reqwest-safe-retry, defaults)",
-            Variant::Middleware(
-                ClientBuilder::new(client())
-                    .with(RetryMiddleware::new(RetryPolicy::default()))
-                    .build(),
-            ),
-        ),
-        (
-            "RetryMiddleware, no deadline (no per-attempt timer)",
-            Variant::Middleware(
-                ClientBuilder::new(client())
-                    .with(RetryMiddleware::new(
-                        RetryPolicy::builder()
-                            .no_deadline()
-                            .build()
-                            .expect("valid policy"),
-                    ))
-                    .build(),
-            ),
-        ),
-        (
-            "bare reqwest::Client, 30 s request timeout",
-            Variant::Bare(
-                reqwest::Client::builder()
-                    .pool_max_idle_per_host(64)
-                    .timeout(Duration::from_secs(30))
-                    .build()
-                    .expect("a reqwest client"),
-            ),
-        ),
-        (
             "RetryTransientMiddleware (reqwest-retry 0.9)",
             Variant::Middleware(
                 ClientBuilder::new(client())
                     .with(RetryTransientMiddleware::new_with_policy(
                         ExponentialBackoff::builder().build_with_max_retries(2),
                     ))
+                    .build(),
+            ),
+        ),
+        (
+            "RetryMiddleware (reqwest-safe-retry, defaults)",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(RetryMiddleware::new(RetryPolicy::default()))
                     .build(),
             ),
         ),
@@ -134,12 +117,12 @@ struct Measure {
     cpu_us: Option<f64>,
 }
 
-async fn sequential(v: &Variant, url: &str, n: usize) -> Measure {
+async fn sequential(v: &Variant, method: &Method, url: &str, n: usize) -> Measure {
     let cpu = process_cpu_ns();
     let start = Instant::now();
     let mut failed = 0;
     for _ in 0..n {
-        if !v.get(url).await {
+        if !v.send(method, url).await {
             failed += 1;
         }
     }
@@ -156,7 +139,13 @@ fn cpu_per_request(before: Option<u64>, n: usize) -> Option<f64> {
     Some(after.saturating_sub(before?) as f64 / 1e3 / n as f64)
 }
 
-async fn concurrent(v: &Variant, url: &str, n: usize, concurrency: usize) -> Measure {
+async fn concurrent(
+    v: &Variant,
+    method: &Method,
+    url: &str,
+    n: usize,
+    concurrency: usize,
+) -> Measure {
     let cpu = process_cpu_ns();
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -164,10 +153,11 @@ async fn concurrent(v: &Variant, url: &str, n: usize, concurrency: usize) -> Mea
     for _ in 0..concurrency {
         let v = v.clone();
         let url = url.to_owned();
+        let method = method.clone();
         tasks.spawn(async move {
             let mut failed = 0;
             for _ in 0..per_task {
-                if !v.get(&url).await {
+                if !v.send(&method, &url).await {
                     failed += 1;
                 }
             }
@@ -216,7 +206,7 @@ fn main() {
             addr_tx
                 .send(listener.local_addr().expect("local address"))
                 .expect("send address");
-            let app = Router::new().route("/", get(|| async { "ok" }));
+            let app = Router::new().route("/", get(|| async { "ok" }).post(|| async { "ok" }));
             axum::serve(listener, app).await.expect("serve");
         });
     });
@@ -239,35 +229,46 @@ fn main() {
             variants = vec![variants.swap_remove(only.min(variants.len() - 1))];
         }
         // Warm up: connections, allocator, caches.
+        let methods = [Method::GET, Method::POST];
         for (_, v) in &variants {
-            sequential(v, &url, 500).await;
-            concurrent(v, &url, 1000, concurrency).await;
+            for method in &methods {
+                sequential(v, method, &url, 500).await;
+                concurrent(v, method, &url, 1000, concurrency).await;
+            }
         }
         let k = variants.len();
-        // [variant][mode] -> per-round values; mode 0 sequential, 1 concurrent.
-        let mut rps = vec![[Vec::new(), Vec::new()]; k];
-        let mut rps_ratio = vec![[Vec::new(), Vec::new()]; k];
-        let mut cpu = vec![[Vec::new(), Vec::new()]; k];
-        let mut cpu_ratio = vec![[Vec::new(), Vec::new()]; k];
+        // [variant][mode] -> per-round values; mode = 2 × method (0 GET,
+        // 1 POST) + (0 sequential, 1 concurrent).
+        let mut rps = vec![[const { Vec::new() }; 4]; k];
+        let mut rps_ratio = vec![[const { Vec::new() }; 4]; k];
+        let mut rr_ratio = vec![[const { Vec::new() }; 4]; k];
+        let mut cpu = vec![[const { Vec::new() }; 4]; k];
+        let mut cpu_ratio = vec![[const { Vec::new() }; 4]; k];
         let mut failed = vec![0usize; k];
         for round in 0..rounds {
             // Rotate the order every round so no variant always runs first.
-            let mut results: Vec<Option<[Measure; 2]>> = (0..k).map(|_| None).collect();
+            let mut results: Vec<Option<[Measure; 4]>> = (0..k).map(|_| None).collect();
             for j in 0..k {
                 let i = (round + j) % k;
-                let s = sequential(&variants[i].1, &url, n).await;
-                let c = concurrent(&variants[i].1, &url, n, concurrency).await;
-                results[i] = Some([s, c]);
+                let v = &variants[i].1;
+                let (get, post) = (&methods[0], &methods[1]);
+                results[i] = Some([
+                    sequential(v, get, &url, n).await,
+                    concurrent(v, get, &url, n, concurrency).await,
+                    sequential(v, post, &url, n).await,
+                    concurrent(v, post, &url, n, concurrency).await,
+                ]);
             }
-            let m: Vec<[Measure; 2]> = results
+            let m: Vec<[Measure; 4]> = results
                 .into_iter()
                 .map(|r| r.expect("every variant measured"))
                 .collect();
             for i in 0..k {
-                for mode in 0..2 {
+                for mode in 0..4 {
                     rps[i][mode].push(m[i][mode].rps);
                     failed[i] += m[i][mode].failed;
                     rps_ratio[i][mode].push(m[i][mode].rps / m[0][mode].rps);
+                    rr_ratio[i][mode].push(m[i][mode].rps / m[REQWEST_RETRY][mode].rps);
                     if let (Some(a), Some(b)) = (m[i][mode].cpu_us, m[0][mode].cpu_us) {
                         cpu[i][mode].push(a);
                         cpu_ratio[i][mode].push(a / b);
@@ -277,35 +278,41 @@ fn main() {
             eprintln!("round {}/{rounds} done", round + 1);
         }
         println!(
-            "\nSuccess path, {rounds} rounds × {n} requests per variant and mode \
+            "\nSuccess path, {rounds} rounds × {n} requests per variant, method and mode \
              (sequential; {concurrency} concurrent), medians over rounds. Ratios are \
-             per-round paired ratios to the bare client (same round), then the median. \
-             CPU is the whole process (client and server threads) per request.\n"
+             per-round paired ratios (same round) to the bare client (/bare) and to \
+             reqwest-retry (/rr), then the median. CPU is the whole process (client and \
+             server threads) per request. Failed counts both methods and modes.\n"
         );
-        println!(
-            "| client | seq req/s | ratio | seq CPU µs/req | ratio | \
-             {concurrency}× req/s | ratio | {concurrency}× CPU µs/req | ratio | failed |"
-        );
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (i, (name, _)) in variants.iter().enumerate() {
-            let mut line = format!("| {name} |");
-            for mode in 0..2 {
-                let cpu_cell = if cpu[i][mode].is_empty() {
-                    "n/a | n/a |".to_owned()
-                } else {
-                    format!(
-                        " {:.1} | {:.3} |",
-                        median(&mut cpu[i][mode]),
-                        median(&mut cpu_ratio[i][mode])
-                    )
-                };
-                line.push_str(&format!(
-                    " {:.0} | {:.3} |{cpu_cell}",
-                    median(&mut rps[i][mode]),
-                    median(&mut rps_ratio[i][mode]),
-                ));
+        for (method, name) in [(0, "GET"), (1, "POST (keyed by RetryMiddleware)")] {
+            println!("\n{name}\n");
+            println!(
+                "| client | seq req/s | /bare | /rr | seq CPU µs/req | /bare | \
+                 {concurrency}× req/s | /bare | /rr | {concurrency}× CPU µs/req | /bare |"
+            );
+            println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            for (i, (label, _)) in variants.iter().enumerate() {
+                let mut line = format!("| {label} |");
+                for mode in [2 * method, 2 * method + 1] {
+                    let cpu_cell = if cpu[i][mode].is_empty() {
+                        "n/a | n/a |".to_owned()
+                    } else {
+                        format!(
+                            " {:.1} | {:.3} |",
+                            median(&mut cpu[i][mode]),
+                            median(&mut cpu_ratio[i][mode])
+                        )
+                    };
+                    line.push_str(&format!(
+                        " {:.0} | {:.3} | {:.3} |{cpu_cell}",
+                        median(&mut rps[i][mode]),
+                        median(&mut rps_ratio[i][mode]),
+                        median(&mut rr_ratio[i][mode]),
+                    ));
+                }
+                println!("{line}");
             }
-            println!("{line} {} |", failed[i]);
         }
+        println!("\nfailed requests per variant: {failed:?}");
     });
 }
