@@ -47,7 +47,9 @@ async fn sweep(h: Harness) {
     assert_eq!(state.runs(), 5);
 }
 
-#[tokio::test]
+// Paused time (no socket here): the sweeper's interval and the waits below
+// advance a virtual clock, nothing sleeps for real.
+#[tokio::test(start_paused = true)]
 async fn background_sweeper_deletes_expired_keys() {
     let clock = Arc::new(ManualClock::new());
     let store = MemoryStore::with_clock(clock.clone());

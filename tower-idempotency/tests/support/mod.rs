@@ -179,8 +179,13 @@ impl Harness {
     /// A builder for a layer on this store whose scope is this test's unique
     /// scope plus the `x-tenant` request header.
     pub fn builder(&self) -> IdempotencyLayerBuilder {
+        self.builder_over(self.store.clone())
+    }
+
+    /// [`Harness::builder`] over another store (a wrapper of this one).
+    pub fn builder_over(&self, store: Arc<dyn IdempotencyStore>) -> IdempotencyLayerBuilder {
         let scope = self.scope.clone();
-        IdempotencyLayer::builder_from_arc(self.store.clone()).scope_with(move |parts| {
+        IdempotencyLayer::builder_from_arc(store).scope_with(move |parts| {
             let tenant = parts
                 .headers
                 .get("x-tenant")
@@ -193,6 +198,17 @@ impl Harness {
     /// The layer of [`Harness::builder`] with default settings.
     pub fn layer(&self) -> IdempotencyLayer {
         self.builder().build().expect("valid settings")
+    }
+
+    /// The default layer over a [`Faulty`] wrapper of this store, to wait
+    /// for the store's events.
+    pub fn watched_layer(&self) -> (IdempotencyLayer, Arc<Faulty>) {
+        let store = Arc::new(Faulty::new(self.store.clone()));
+        let layer = self
+            .builder_over(store.clone())
+            .build()
+            .expect("valid settings");
+        (layer, store)
     }
 
     /// The scope the layer stores a request of `tenant` under.
@@ -346,19 +362,6 @@ pub async fn send(router: &Router, request: Request<Body>) -> Reply {
     }
 }
 
-/// Sends `make()` until the answer is not 409 (a release runs in a spawned
-/// task after a panic or a dropped request); bounded.
-pub async fn send_until_not_409(router: &Router, make: impl Fn() -> Request<Body>) -> Reply {
-    for _ in 0..500 {
-        let reply = send(router, make()).await;
-        if reply.status != StatusCode::CONFLICT {
-            return reply;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    panic!("the key was never released");
-}
-
 /// A store wrapper that counts lease extensions and can simulate faults.
 pub struct Faulty {
     pub inner: Arc<dyn IdempotencyStore>,
@@ -371,6 +374,11 @@ pub struct Faulty {
     pub failing_completes: AtomicUsize,
     /// Number of `complete` calls.
     pub completes: AtomicUsize,
+    /// Number of `complete` calls that returned (stored, or failed).
+    pub settled: AtomicUsize,
+    /// Woken whenever `extends` or `settled` moves, so tests wait for an
+    /// event instead of sleeping and polling.
+    changed: tokio::sync::Notify,
 }
 
 impl Faulty {
@@ -381,18 +389,45 @@ impl Faulty {
             no_heartbeat: false,
             failing_completes: AtomicUsize::new(0),
             completes: AtomicUsize::new(0),
+            settled: AtomicUsize::new(0),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
     /// Waits (bounded) until `n` more leases were extended than `since`.
     pub async fn wait_extends(&self, since: usize, n: usize) {
-        for _ in 0..5000 {
-            if self.extends.load(Ordering::SeqCst) >= since + n {
-                return;
+        self.wait_for(&self.extends, since + n, "the lease was never extended")
+            .await;
+    }
+
+    /// Waits (bounded) until `n` `complete` calls have returned: the
+    /// handler's response (or its marker) is in the store.
+    pub async fn wait_settled(&self, n: usize) {
+        self.wait_for(&self.settled, n, "the response was never stored")
+            .await;
+    }
+
+    /// Waits for `counter` to reach `target`, woken by the store itself; the
+    /// timeout only bounds a test that would otherwise hang.
+    async fn wait_for(&self, counter: &AtomicUsize, target: usize, never: &str) {
+        let reached = async {
+            loop {
+                let changed = self.changed.notified();
+                tokio::pin!(changed);
+                // Registered before the check, so no wake-up is missed.
+                changed.as_mut().enable();
+                if counter.load(Ordering::SeqCst) >= target {
+                    return;
+                }
+                changed.await;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        if tokio::time::timeout(Duration::from_secs(10), reached)
+            .await
+            .is_err()
+        {
+            panic!("{never}");
         }
-        panic!("the lease was never extended");
     }
 }
 
@@ -416,10 +451,14 @@ impl IdempotencyStore for Faulty {
             .failing_completes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
-        if fail {
-            return Err(tower_idempotency::StoreError::msg("injected failure").transient());
-        }
-        self.inner.complete(scope, key, lease, response).await
+        let result = if fail {
+            Err(tower_idempotency::StoreError::msg("injected failure").transient())
+        } else {
+            self.inner.complete(scope, key, lease, response).await
+        };
+        self.settled.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+        result
     }
     async fn extend_lease(
         &self,
@@ -432,6 +471,7 @@ impl IdempotencyStore for Faulty {
         }
         let extended = self.inner.extend_lease(scope, key, lease).await;
         self.extends.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
         extended
     }
     async fn release(
