@@ -149,8 +149,12 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // A task of its own, so that a panic in the handler ends there and we
-    // can still record that the handler started.
+    // A task of its own, for two reasons: a panic in the handler ends there
+    // and we can still record that the handler started; and the heartbeat
+    // (polled by this task, beside this future) keeps running on another
+    // worker even while a handler blocks its thread, so a live but blocking
+    // handler never loses its lease. Catching the panic in this task instead
+    // would save a spawn per request and lose the second property.
     let response = match tokio::spawn(inner.call(request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
