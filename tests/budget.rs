@@ -509,15 +509,8 @@ async fn a_timeout_costs_what_the_bucket_charges_for_one_through_http() {
         .build()
         .unwrap();
     let (c, _) = client(p);
-    let slot = reqwest_safe_retry::ReportSlot::new();
-    let err = c
-        .get(format!("http://{addr}/"))
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) = support::send_failing(c.get(format!("http://{addr}/"))).await;
     assert!(err.is_timeout());
-    let report = slot.take().unwrap();
     // 10 tokens at 5 per timeout: two retries, not nine.
     assert_eq!(report.attempts(), 3);
     assert_eq!(report.stop_reason(), StopReason::BudgetExhausted);

@@ -4,7 +4,7 @@
 mod support;
 
 use reqwest_safe_retry::{
-    Class, HttpAttempt, ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason,
+    Class, HttpAttempt, ManualClock, RequestOptions, RetryReport, StopReason,
 };
 use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 use wiremock::matchers::method;
@@ -230,19 +230,12 @@ async fn a_request_classifier_wins_over_the_client_one() {
 async fn failed_get(url: String) -> (RetryReport, bool, bool) {
     let clock = ManualClock::new();
     let (c, _) = client(policy(&clock).attempt_timeout(ms(200)).build().unwrap());
-    let slot = ReportSlot::new();
-    let err = c
-        .get(url)
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) = support::send_failing(c.get(url)).await;
     // The transport error comes back as reqwest made it.
     assert!(
         matches!(err, reqwest_middleware::Error::Reqwest(_)),
         "{err:?}"
     );
-    let report = slot.take().expect("the middleware fills the slot");
     (report, err.is_timeout(), err.is_connect())
 }
 
@@ -304,15 +297,8 @@ async fn a_redirect_policy_error_is_permanent() {
         .build()
         .unwrap();
     let (c, _) = support::client_with(no_redirects, policy(&clock).build().unwrap());
-    let slot = ReportSlot::new();
-    let err = c
-        .get(server.uri())
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) = support::send_failing(c.get(server.uri())).await;
     assert!(err.is_redirect(), "{err:?}");
-    let report = slot.take().expect("the middleware fills the slot");
     assert_eq!(report.stop_reason(), StopReason::Permanent);
     assert_eq!(report.attempts(), 1);
     assert_eq!(server.received_requests().await.unwrap().len(), 1);

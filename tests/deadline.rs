@@ -155,15 +155,8 @@ async fn a_transport_error_that_cannot_be_retried_in_time_is_returned_at_once() 
         .build()
         .unwrap();
     let (c, _) = client(p);
-    let slot = reqwest_safe_retry::ReportSlot::new();
-    let err = c
-        .get(format!("http://{addr}/"))
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) = support::send_failing(c.get(format!("http://{addr}/"))).await;
     assert!(err.is_connect(), "the last error, unchanged");
-    let report = slot.take().unwrap();
     assert_eq!(report.stop_reason(), StopReason::Deadline);
     assert_eq!(report.delays(), [ms(400), ms(400)]);
     assert_eq!(clock.elapsed(), ms(800));

@@ -35,13 +35,7 @@ async fn a_transport_error_answers_every_predicate_as_without_the_middleware() {
     ] {
         let clock = ManualClock::new();
         let (c, _) = client(policy(&clock).attempt_timeout(ms(100)).build().unwrap());
-        let slot = ReportSlot::new();
-        let err = c
-            .get(&url)
-            .with_extension(slot.clone())
-            .send()
-            .await
-            .unwrap_err();
+        let (err, report) = support::send_failing(c.get(&url)).await;
         assert!(
             matches!(err, reqwest_middleware::Error::Reqwest(_)),
             "{kind}: the original variant, not a wrapper: {err:?}"
@@ -54,7 +48,6 @@ async fn a_transport_error_answers_every_predicate_as_without_the_middleware() {
         );
         assert_eq!(want.3.as_deref(), Some(url.as_str()));
         // The report is still reachable.
-        let report = slot.take().expect("the middleware fills the slot");
         assert_eq!(report.attempts(), 3, "{kind}");
         assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
         assert_eq!(report.delays().len(), 2);
@@ -85,17 +78,14 @@ async fn the_slot_and_the_extension_trait_report_a_success_too() {
 async fn a_refused_key_is_still_a_retry_error_and_fills_the_slot() {
     let clock = ManualClock::new();
     let (c, recorder) = client(policy(&clock).build().unwrap());
-    let slot = ReportSlot::new();
-    let err = c
-        .post("http://127.0.0.1:9/")
-        .header("Idempotency-Key", "two words")
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) = support::send_failing(
+        c.post("http://127.0.0.1:9/")
+            .header("Idempotency-Key", "two words"),
+    )
+    .await;
     let e = RetryError::from_middleware(&err).expect("nothing was sent: our error");
     assert_eq!(e.report().attempts(), 0);
-    assert_eq!(slot.take().unwrap().attempts(), 0);
+    assert_eq!(report.attempts(), 0);
     assert!(recorder.sent().is_empty());
 }
 

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use http::Method;
 
-use reqwest_safe_retry::{ManualClock, ReportSlot, RequestOptions, RetryReport, StopReason};
+use reqwest_safe_retry::{ManualClock, RequestOptions, RetryReport, StopReason};
 use support::{client, faulty_server, policy, refused_addr, Fault};
 
 fn unkeyed() -> RequestOptions {
@@ -29,16 +29,13 @@ async fn send_to(
             .build()
             .unwrap(),
     );
-    let slot = ReportSlot::new();
-    let err = c
-        .request(method, format!("http://{addr}/"))
-        .with_extension(options)
-        .with_extension(slot.clone())
-        .body("charge")
-        .send()
-        .await
-        .unwrap_err();
-    (err, slot.take().unwrap(), count.load(Ordering::SeqCst))
+    let (err, report) = support::send_failing(
+        c.request(method, format!("http://{addr}/"))
+            .with_extension(options)
+            .body("charge"),
+    )
+    .await;
+    (err, report, count.load(Ordering::SeqCst))
 }
 
 #[tokio::test]
@@ -79,16 +76,9 @@ async fn an_unkeyed_post_is_retried_after_a_refused_connection() {
     let addr = refused_addr().await;
     let clock = ManualClock::new();
     let (c, recorder) = client(policy(&clock).build().unwrap());
-    let slot = ReportSlot::new();
-    let err = c
-        .post(format!("http://{addr}/"))
-        .with_extension(unkeyed())
-        .with_extension(slot.clone())
-        .send()
-        .await
-        .unwrap_err();
+    let (err, report) =
+        support::send_failing(c.post(format!("http://{addr}/")).with_extension(unkeyed())).await;
     assert!(err.is_connect());
-    let report = slot.take().unwrap();
     assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
     assert_eq!(recorder.sent().len(), 3);
     assert_eq!(report.idempotency_key(), None);

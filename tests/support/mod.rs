@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy, RetryPolicyBuilder};
+use reqwest_safe_retry::{
+    ManualClock, ReportSlot, RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -208,4 +210,19 @@ pub async fn answering_with(template: ResponseTemplate) -> MockServer {
         .mount(&server)
         .await;
     server
+}
+
+/// Sends `request` expecting it to fail: returns the error, as reqwest made
+/// it, and the report the middleware left in a [`ReportSlot`].
+pub async fn send_failing(
+    request: reqwest_middleware::RequestBuilder,
+) -> (reqwest_middleware::Error, RetryReport) {
+    let slot = ReportSlot::new();
+    let err = request
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .expect_err("the call should fail");
+    let report = slot.take().expect("the middleware fills the slot");
+    (err, report)
 }
