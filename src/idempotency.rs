@@ -47,18 +47,31 @@ impl IdempotencyKey {
         Ok(IdempotencyKey(key))
     }
 
-    /// A fresh key from `generator`.
+    /// A fresh key from `generator`. A v4 key is drawn from the kernel's
+    /// random generator without a system call where the kernel allows it,
+    /// and never repeats after `fork()` or a VM snapshot restore (see
+    /// [`KeyGenerator::UuidV4`]).
     pub fn generate(generator: KeyGenerator) -> Self {
         let uuid = match generator {
-            KeyGenerator::UuidV4 => uuid::Uuid::new_v4(),
+            KeyGenerator::UuidV4 => {
+                let mut bytes = [0; 16];
+                crate::keygen::fill(&mut bytes);
+                uuid::Builder::from_random_bytes(bytes).into_uuid()
+            }
             KeyGenerator::UuidV7 => uuid::Uuid::now_v7(),
         };
-        IdempotencyKey(uuid.hyphenated().to_string())
+        let mut text = uuid::Uuid::encode_buffer();
+        IdempotencyKey(uuid.hyphenated().encode_lower(&mut text).to_owned())
     }
 
     /// The key itself.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key, as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
     }
 
     /// The header value in the given wire form.
@@ -67,11 +80,15 @@ impl IdempotencyKey {
     ///
     /// None for a validated key; the `Result` guards the conversion.
     pub fn header_value(&self, format: KeyFormat) -> Result<HeaderValue, KeyError> {
+        let quoted;
         let text = match format {
-            KeyFormat::Bare => self.0.clone(),
-            KeyFormat::StructuredField => idempotency_key::quote(&self.0),
+            KeyFormat::Bare => &self.0,
+            KeyFormat::StructuredField => {
+                quoted = idempotency_key::quote(&self.0);
+                &quoted
+            }
         };
-        HeaderValue::from_str(&text).map_err(|_| KeyError::new("not a valid header value"))
+        HeaderValue::from_str(text).map_err(|_| KeyError::new("not a valid header value"))
     }
 
     /// Reads a key a caller already put in a header, in either wire form,
@@ -117,9 +134,28 @@ pub enum KeyFormat {
 #[non_exhaustive]
 pub enum KeyGenerator {
     /// Random UUID v4. The default.
+    ///
+    /// Its 122 random bits come from the **kernel's** random number
+    /// generator, never from a generator kept in this process's memory:
+    ///
+    /// - On Linux 6.11 or later (x86-64, arm64 and others with the vDSO
+    ///   `getrandom`), the draw runs in the vDSO, without a system call
+    ///   (~60 ns). The kernel gives each thread a state block that it wipes
+    ///   in a `fork()` child and reseeds when the VM generation changes (a
+    ///   snapshot restored or cloned), so neither a fork child nor a
+    ///   restored snapshot repeats a key its parent made or will make.
+    /// - Elsewhere, or with the crate's default feature `vdso-keys` turned
+    ///   off, one `getrandom` system call per key (~0.4 µs): the same
+    ///   guarantees.
+    ///
+    /// A generator seeded once and kept in memory (`rand`'s `ThreadRng`) is
+    /// faster still, but after `fork()` or a snapshot restore two processes
+    /// continue the same sequence and send the same key for two different
+    /// payments: the server replays one payment's response to the other.
     #[default]
     UuidV4,
-    /// Time-ordered UUID v7: indexes better in the server's key table.
+    /// Time-ordered UUID v7: indexes better in the server's key table. Its
+    /// random bits cost one `getrandom` system call per key.
     UuidV7,
 }
 

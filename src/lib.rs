@@ -63,6 +63,7 @@ mod classify;
 mod engine;
 mod error;
 mod idempotency;
+mod keygen;
 mod metrics;
 mod middleware;
 mod options;
