@@ -208,7 +208,7 @@ where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let run = Run::start(policy, Limits::from(policy));
+    let mut run = Run::start(policy, Limits::from(policy));
     run.drive(&mut Closure(op))
         .instrument(operation_span())
         .await
@@ -351,7 +351,10 @@ impl<'p> Run<'p> {
     }
 
     /// The attempt loop: attempt → decide → sleep → admission → next.
-    pub(crate) async fn drive<A: Attempt>(mut self, op: &mut A) -> (A::Output, RetryReport) {
+    ///
+    /// Borrows the run rather than taking it: an `async fn` keeps a copy of
+    /// each argument it moves in, and the run is the largest.
+    pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
         loop {
             let ctx = self.context();
             let outcome = op.attempt(ctx).await;
@@ -511,9 +514,10 @@ impl<'p> Run<'p> {
         Err(StopReason::BudgetExhausted)
     }
 
-    pub(crate) fn finish(mut self, reason: StopReason) -> RetryReport {
-        self.report.stop_reason = reason;
-        self.report.elapsed = self
+    pub(crate) fn finish(&mut self, reason: StopReason) -> RetryReport {
+        let mut report = std::mem::replace(&mut self.report, RetryReport::new());
+        report.stop_reason = reason;
+        report.elapsed = self
             .policy
             .clock
             .now()
@@ -524,6 +528,6 @@ impl<'p> Run<'p> {
         self.policy
             .metrics
             .call_finished(self.attempt, reason == StopReason::Success);
-        self.report
+        report
     }
 }

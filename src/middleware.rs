@@ -15,6 +15,9 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 
 use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
@@ -52,19 +55,26 @@ impl RetryMiddleware {
     }
 }
 
-#[async_trait::async_trait]
 impl Middleware for RetryMiddleware {
-    async fn handle(
-        &self,
+    // Written out rather than with `#[async_trait]`: the options, the key
+    // and the limits are settled before the future is built, so the boxed
+    // future holds the request once and nothing it no longer needs.
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
         mut request: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let options = extensions
-            .get::<RequestOptions>()
-            .cloned()
-            .unwrap_or_default();
-        let key = match self.attach_key(&mut request, &options) {
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> BoxFuture<'async_trait, reqwest_middleware::Result<Response>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let policy = &self.policy;
+        let settings = &policy.settings;
+        let options = extensions.get::<RequestOptions>();
+        let key = match self.attach_key(&mut request, options) {
             Ok(key) => key,
             Err(e) => {
                 let mut report = RetryReport::new();
@@ -72,9 +82,19 @@ impl Middleware for RetryMiddleware {
                 if let Some(slot) = extensions.get::<ReportSlot>() {
                     slot.fill(report.clone());
                 }
-                return Err(refused(report, e));
+                return Box::pin(std::future::ready(Err(refused(report, e))));
             }
         };
+        let limits = Limits {
+            max_attempts: options
+                .and_then(|o| o.max_attempts)
+                .unwrap_or(settings.max_attempts),
+            deadline: options.and_then(|o| o.deadline).or(settings.deadline),
+            attempt_timeout: options
+                .and_then(|o| o.attempt_timeout)
+                .or(settings.attempt_timeout),
+        };
+        let classifier = options.and_then(|o| o.classifier.clone());
         let span = tracing::info_span!(
             "retry",
             http.request.method = %request.method(),
@@ -84,25 +104,24 @@ impl Middleware for RetryMiddleware {
             http.request.resend_count = tracing::field::Empty,
             stop_reason = tracing::field::Empty,
         );
-        let policy = &self.policy;
-        let limits = Limits {
-            max_attempts: options.max_attempts.unwrap_or(policy.settings.max_attempts),
-            deadline: options.deadline.or(policy.settings.deadline),
-            attempt_timeout: options.attempt_timeout.or(policy.settings.attempt_timeout),
-        };
+        let mut run = Run::start(policy, limits);
+        // Moved, not copied: the report owns the key.
+        run.report.idempotency_key = key.map(IdempotencyKey::into_string);
         let mut attempts = HttpAttempts {
-            policy,
-            options: &options,
-            keyed: key.is_some(),
+            judge: Judge {
+                policy,
+                classifier,
+                keyed: run.report.idempotency_key.is_some(),
+            },
             max_attempts: limits.max_attempts,
             caller_timeout: request.timeout().copied(),
             request: Some(request),
             extensions,
             next,
         };
-        async move {
-            let mut run = Run::start(policy, limits);
-            run.report.idempotency_key = key.as_ref().map(|k| k.as_str().to_owned());
+        // An async block, not an `async fn`: it keeps the run and the
+        // attempts in place instead of a second copy of each.
+        let call = async move {
             let (result, report) = run.drive(&mut attempts).await;
             if let Some(slot) = attempts.extensions.get::<ReportSlot>() {
                 slot.fill(report.clone());
@@ -114,25 +133,32 @@ impl Middleware for RetryMiddleware {
                 response.extensions_mut().insert(report);
                 response
             })
+        };
+        // With no subscriber listening, no span is entered on every poll.
+        if span.is_disabled() {
+            Box::pin(call)
+        } else {
+            Box::pin(call.instrument(span))
         }
-        .instrument(span)
-        .await
     }
 }
+
+/// The future `Middleware::handle` returns (what `#[async_trait]` writes).
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl RetryMiddleware {
     /// Keeps a caller's key, or attaches one as the options and policy say.
     fn attach_key(
         &self,
         request: &mut Request,
-        options: &RequestOptions,
+        options: Option<&RequestOptions>,
     ) -> Result<Option<IdempotencyKey>, KeyError> {
         let settings = &self.policy.settings;
         if let Some(existing) = request.headers().get(&settings.key_header) {
             // A key the caller already set is kept, never overwritten.
             return IdempotencyKey::from_header(existing).map(Some);
         }
-        let key = match &options.key {
+        let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
             KeyChoice::Skip => return Ok(None),
             KeyChoice::Use(key) => key.clone(),
             KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
@@ -151,9 +177,7 @@ impl RetryMiddleware {
 /// One logical HTTP operation: the request for the next attempt and what
 /// each attempt needs.
 struct HttpAttempts<'a> {
-    policy: &'a RetryPolicy,
-    options: &'a RequestOptions,
-    keyed: bool,
+    judge: Judge<'a>,
     max_attempts: u32,
     caller_timeout: Option<std::time::Duration>,
     /// The request the next attempt sends; `None` once a body that cannot
@@ -179,24 +203,38 @@ impl std::error::Error for NothingToResend {}
 impl Attempt for HttpAttempts<'_> {
     type Output = reqwest_middleware::Result<Response>;
 
-    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<Self::Output> {
-        let Some(mut request) = self.request.take() else {
-            return Outcome::stop(
-                Err(reqwest_middleware::Error::middleware(NothingToResend)),
-                StopReason::BodyNotCloneable,
-            );
-        };
-        // A copy for the next attempt; `None` when the body is a stream,
-        // which is sent once, or when no attempt can follow this one.
-        let last = ctx.attempt() >= self.max_attempts;
-        self.request = if last { None } else { request.try_clone() };
-        let cloneable = last || self.request.is_some();
-        *request.timeout_mut() = shorter(self.caller_timeout, ctx.timeout());
-        stamp_headers(self.policy, &mut request, &ctx);
-        let method = request.method().clone();
-        let result = self.next.clone().run(request, self.extensions).await;
-        let verdict = self.verdict(&method, cloneable, &result);
-        Outcome::new(result, verdict)
+    // The request is prepared before the future is built, so the future
+    // holds only the send in flight and what the verdict needs.
+    fn attempt(&mut self, ctx: AttemptContext) -> impl Future<Output = Outcome<Self::Output>> {
+        let sending = self.request.take().map(|mut request| {
+            // A copy for the next attempt; `None` when the body is a stream,
+            // which is sent once, or when no attempt can follow this one.
+            let last = ctx.attempt() >= self.max_attempts;
+            self.request = if last { None } else { request.try_clone() };
+            let cloneable = last || self.request.is_some();
+            // reqwest keeps the timeout in an extension map that it allocates
+            // on the first write: write only a timeout the request lacks.
+            let timeout = shorter(self.caller_timeout, ctx.timeout());
+            if timeout != self.caller_timeout {
+                *request.timeout_mut() = timeout;
+            }
+            stamp_headers(self.judge.policy, &mut request, &ctx);
+            let method = request.method().clone();
+            let response = self.next.clone().run(request, self.extensions);
+            (method, cloneable, response)
+        });
+        let judge = &self.judge;
+        async move {
+            let Some((method, cloneable, response)) = sending else {
+                return Outcome::stop(
+                    Err(reqwest_middleware::Error::middleware(NothingToResend)),
+                    StopReason::BodyNotCloneable,
+                );
+            };
+            let result = response.await;
+            let verdict = judge.verdict(&method, cloneable, &result);
+            Outcome::new(result, verdict)
+        }
     }
 
     fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -207,7 +245,16 @@ impl Attempt for HttpAttempts<'_> {
     }
 }
 
-impl HttpAttempts<'_> {
+/// What an attempt's verdict needs: the policy, the request's own
+/// classifier, and whether the request carries a key.
+struct Judge<'a> {
+    policy: &'a RetryPolicy,
+    /// The request's own classifier, asked before the policy's.
+    classifier: Option<Arc<dyn Classifier>>,
+    keyed: bool,
+}
+
+impl Judge<'_> {
     /// Classifies one attempt and applies the safety rule.
     fn verdict(
         &self,
@@ -223,7 +270,6 @@ impl HttpAttempts<'_> {
         };
         let failure = result.as_ref().err().map(classify::transport_failure);
         let user = self
-            .options
             .classifier
             .iter()
             .chain(policy.classifiers.iter())
