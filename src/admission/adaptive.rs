@@ -2,6 +2,7 @@
 //! rate while failures continue, and successes release the waiting retries
 //! with slow start.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -89,6 +90,12 @@ impl Default for AdaptiveConfig {
 pub struct AdaptiveAdmission {
     config: AdaptiveConfig,
     state: Mutex<State>,
+    /// First attempts not yet deposited: counted without the lock (the
+    /// success path takes no lock), deposited when a retry next asks.
+    deposits: AtomicU64,
+    /// Whether failed probes have backed the probe interval off, so that a
+    /// first attempt's success takes the lock only when it has work to do.
+    backed_off: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -174,8 +181,31 @@ impl AdaptiveAdmission {
                 next_probe: None,
                 probe_interval: config.probe_interval,
             }),
+            deposits: AtomicU64::new(0),
+            backed_off: AtomicBool::new(false),
             config,
         })
+    }
+
+    /// Locks the state with every pending first attempt deposited. Adding
+    /// them at once is adding them one by one: the cap only ever lowers a
+    /// total that grows.
+    fn locked(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut s = lock(&self.state);
+        let n = self.deposits.swap(0, Ordering::Relaxed);
+        if n > 0 {
+            #[allow(clippy::cast_precision_loss)] // exact below 2^53 first attempts
+            let deposit = n as f64 * self.config.first_attempt_deposit;
+            s.tokens = (s.tokens + deposit).min(self.config.capacity);
+        }
+        s
+    }
+
+    /// Sets the probe interval and whether it is backed off.
+    fn set_probe_interval(&self, s: &mut State, interval: Duration) {
+        s.probe_interval = interval;
+        self.backed_off
+            .store(interval > self.config.probe_interval, Ordering::Relaxed);
     }
 
     /// The settings.
@@ -185,7 +215,7 @@ impl AdaptiveAdmission {
 
     /// Tokens in the bucket now.
     pub fn tokens(&self) -> f64 {
-        lock(&self.state).tokens
+        self.locked().tokens
     }
 
     /// The rate, retries per second, at which evidence of recovery
@@ -202,13 +232,12 @@ impl AdaptiveAdmission {
 
 impl RetryAdmission for AdaptiveAdmission {
     fn first_attempt(&self, _now: Instant) {
-        let mut s = lock(&self.state);
-        s.tokens = (s.tokens + self.config.first_attempt_deposit).min(self.config.capacity);
+        self.deposits.fetch_add(1, Ordering::Relaxed);
     }
 
     fn admit(&self, retry: RetryRequest, now: Instant) -> Admission {
         let c = &self.config;
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         if s.tokens >= c.retry_cost {
             s.tokens -= c.retry_cost;
             return Admission::Admit(Grant::new(GrantSource::Token, c.retry_cost));
@@ -243,22 +272,27 @@ impl RetryAdmission for AdaptiveAdmission {
 
     fn record(&self, attempt: AttemptRecord, now: Instant) {
         let c = &self.config;
-        let mut s = lock(&self.state);
         match (attempt.result(), attempt.grant()) {
             (AttemptResult::Success, Some(_)) => {
                 // Slow start: successes per second grow with the rate, so
                 // the rate grows exponentially while retries succeed.
+                let mut s = self.locked();
                 s.refill(now, c.poll_interval);
                 s.rate = (s.rate + c.release_step).min(c.max_release_rate);
-                s.probe_interval = c.probe_interval;
+                self.set_probe_interval(&mut s, c.probe_interval);
             }
             // The service answers again: probe at once rather than at the
-            // end of a backed-off interval.
-            (AttemptResult::Success, None) if s.probe_interval > c.probe_interval => {
-                s.probe_interval = c.probe_interval;
-                s.next_probe = Some(now);
+            // end of a backed-off interval. A first attempt that succeeds
+            // while nothing is backed off (the usual case) takes no lock.
+            (AttemptResult::Success, None) if self.backed_off.load(Ordering::Relaxed) => {
+                let mut s = self.locked();
+                if s.probe_interval > c.probe_interval {
+                    self.set_probe_interval(&mut s, c.probe_interval);
+                    s.next_probe = Some(now);
+                }
             }
             (AttemptResult::Failure, Some(grant)) => {
+                let mut s = self.locked();
                 // Collapse: each failed retry halves the release rate; below
                 // one retry per second only probes remain.
                 s.refill(now, c.poll_interval);
@@ -268,7 +302,8 @@ impl RetryAdmission for AdaptiveAdmission {
                     s.allowance = 0.0;
                 }
                 if grant.is_probe() {
-                    s.probe_interval = s.probe_interval.saturating_mul(2).min(c.max_probe_interval);
+                    let backed_off = s.probe_interval.saturating_mul(2).min(c.max_probe_interval);
+                    self.set_probe_interval(&mut s, backed_off);
                     s.next_probe = now.checked_add(s.probe_interval).or(Some(now));
                 }
             }
