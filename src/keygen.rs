@@ -30,10 +30,37 @@ mod vdso {
     use vdso_rng::{LocalState, Pool};
 
     /// The process's vDSO state blocks; `None` when the kernel has no vDSO
-    /// `getrandom` (before 6.11, or an architecture without it).
+    /// `getrandom` (before 6.11, or an architecture without it), or when the
+    /// process does not see the vDSO the kernel mapped.
     fn pool() -> Option<&'static Pool> {
         static POOL: OnceLock<Option<Pool>> = OnceLock::new();
-        POOL.get_or_init(|| Pool::new().ok()).as_ref()
+        POOL.get_or_init(|| vdso_visible().then(|| Pool::new().ok()).flatten())
+            .as_ref()
+    }
+
+    /// `AT_SYSINFO_EHDR`, the vDSO's address in the auxiliary vector.
+    const AT_SYSINFO_EHDR: usize = 33;
+
+    /// Whether this process sees a vDSO. `vdso_rng` asks the kernel where
+    /// the vDSO is (`PR_GET_AUXV`); under valgrind, which hides the vDSO
+    /// from the program it runs and fakes `/proc/self/auxv` to match, that
+    /// address is not mapped and using it would crash. So the vDSO is used
+    /// only when the process's own auxiliary vector names one.
+    fn vdso_visible() -> bool {
+        const WORD: usize = std::mem::size_of::<usize>();
+        let Ok(auxv) = std::fs::read("/proc/self/auxv") else {
+            return false;
+        };
+        let word = |bytes: &[u8]| {
+            bytes
+                .try_into()
+                .map(usize::from_ne_bytes)
+                .unwrap_or_default()
+        };
+        auxv.chunks_exact(2 * WORD)
+            .map(|pair| (word(&pair[..WORD]), word(&pair[WORD..])))
+            .take_while(|&(key, _)| key != 0)
+            .any(|(key, value)| key == AT_SYSINFO_EHDR && value != 0)
     }
 
     thread_local! {
