@@ -3,7 +3,8 @@
 //! retry turn of the engine (classify → delay → deadline → admission) with a
 //! sleeper that returns at once; and the `middleware` group: a whole `get().send()` through a
 //! middleware chain ending in a canned `200 ok` (no socket), to price each
-//! retry middleware's success path alone.
+//! retry middleware's success path alone, for a GET and a keyed POST; and
+//! the `key_generation` group: what a fresh key costs.
 //!
 //! `cargo bench --bench decision`
 
@@ -22,9 +23,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{
-    retry, AdaptiveAdmission, AdaptiveConfig, Admission, Backoff, BoxFuture, Jitter, Outcome,
-    RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy, RetryRequest, Sleeper, TokenBucket,
-    TokenBucketConfig,
+    retry, AdaptiveAdmission, AdaptiveConfig, Admission, Backoff, BoxFuture, IdempotencyKey,
+    Jitter, KeyGenerator, Outcome, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
+    RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
 };
 
 fn backoff(jitter: Jitter) -> Backoff {
@@ -298,6 +299,8 @@ fn middleware(c: &mut Criterion) {
                 .build(),
         ),
     ];
+    // Interleaved by chain: a GET (no key) and a POST (which
+    // `RetryMiddleware` keys: key generation and the header included).
     for (name, client) in &chains {
         group.bench_function(BenchmarkId::new("get", name), |b| {
             b.iter(|| {
@@ -305,9 +308,40 @@ fn middleware(c: &mut Criterion) {
                 black_box(response.status())
             })
         });
+        group.bench_function(BenchmarkId::new("post", name), |b| {
+            b.iter(|| {
+                let response = block_on(client.post("http://127.0.0.1:9/x").body("{}").send())
+                    .expect("canned");
+                black_box(response.status())
+            })
+        });
     }
     group.finish();
 }
 
-criterion_group!(benches, delays, budget, contention, engine, middleware);
+/// A fresh key: the vDSO draw the crate uses against a `getrandom` system
+/// call per key (`uuid`'s `new_v4`), formatted the same way.
+fn key_generation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("key_generation");
+    group.bench_function("idempotency_key_generate_v4", |b| {
+        b.iter(|| black_box(IdempotencyKey::generate(KeyGenerator::UuidV4)))
+    });
+    group.bench_function("uuid_new_v4_syscall", |b| {
+        b.iter(|| black_box(uuid::Uuid::new_v4().hyphenated().to_string()))
+    });
+    group.bench_function("idempotency_key_generate_v7", |b| {
+        b.iter(|| black_box(IdempotencyKey::generate(KeyGenerator::UuidV7)))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    delays,
+    budget,
+    contention,
+    engine,
+    middleware,
+    key_generation
+);
 criterion_main!(benches);

@@ -6,6 +6,8 @@
 //! - a bare `reqwest::Client`,
 //! - `ClientWithMiddleware` with no middleware,
 //! - `ClientWithMiddleware` with reqwest-retry's `RetryTransientMiddleware`,
+//! - a bare client sending what any keyed call with a deadline must (a
+//!   fixed key header on the POST and a 30 s timeout): the floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
 //!
 //! sequentially and with some concurrency, in one run. Each variant's
@@ -33,6 +35,9 @@ use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 #[derive(Clone)]
 enum Variant {
     Bare(reqwest::Client),
+    /// A bare client doing by hand what any keyed call with a deadline
+    /// must: a key header (a fixed one: no generation) and a 30 s timeout.
+    Floor(reqwest::Client),
     Middleware(ClientWithMiddleware),
 }
 
@@ -42,6 +47,20 @@ impl Variant {
         let response = match self {
             Variant::Bare(c) if post => c.post(url).body("{}").send().await.map_err(|_| ()),
             Variant::Bare(c) => c.get(url).send().await.map_err(|_| ()),
+            Variant::Floor(c) if post => c
+                .post(url)
+                .header("idempotency-key", "3f0e8e9c-5d4a-4d7e-9a53-2c0b7f1e6a11")
+                .timeout(Duration::from_secs(30))
+                .body("{}")
+                .send()
+                .await
+                .map_err(|_| ()),
+            Variant::Floor(c) => c
+                .get(url)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .map_err(|_| ()),
             Variant::Middleware(c) if post => c.post(url).body("{}").send().await.map_err(|_| ()),
             Variant::Middleware(c) => c.get(url).send().await.map_err(|_| ()),
         };
@@ -85,6 +104,10 @@ fn variants() -> Vec<(&'static str, Variant)> {
                     ))
                     .build(),
             ),
+        ),
+        (
+            "floor: bare + fixed key header (POST) + 30 s timeout",
+            Variant::Floor(client()),
         ),
         (
             "RetryMiddleware (reqwest-safe-retry, defaults)",
