@@ -130,7 +130,10 @@ impl IdempotencyLayer {
     /// (two-phase: claim, run, complete). No lease is kept: an open
     /// transaction cannot be taken over, and one whose server died is rolled
     /// back by PostgreSQL. Each request in flight holds one pooled
-    /// connection: size the pool for the concurrency you expect.
+    /// connection: size the pool for the concurrency you expect
+    /// ([`PostgresStore::connect_with_pool_size`](crate::PostgresStore::connect_with_pool_size)).
+    /// A client that goes away rolls its request back (nothing committed,
+    /// the retry runs it once).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
