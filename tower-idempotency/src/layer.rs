@@ -130,7 +130,10 @@ impl IdempotencyLayer {
     /// (two-phase: claim, run, complete). No lease is kept: an open
     /// transaction cannot be taken over, and one whose server died is rolled
     /// back by PostgreSQL. Each request in flight holds one pooled
-    /// connection: size the pool for the concurrency you expect.
+    /// connection: size the pool for the concurrency you expect
+    /// ([`PostgresStore::connect_with_pool_size`](crate::PostgresStore::connect_with_pool_size)).
+    /// A client that goes away rolls its request back (nothing committed,
+    /// the retry runs it once).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -185,6 +188,12 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// Once the request body is read, the rest (claim, handler, storing the
 /// response) runs in a spawned task: dropping the response future (the
 /// client went away) neither cancels the handler nor frees its key.
+///
+/// In PostgreSQL's transactional mode
+/// ([`IdempotencyLayer::transactional`]) the request runs in the response
+/// future itself: dropping it rolls the request's transaction back, so
+/// nothing it wrote is committed, the key stays free, and a retry runs the
+/// request once.
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
@@ -286,6 +295,15 @@ where
                     return Ok(problem(ProblemKind::BadBody, &detail, None));
                 }
             };
+            // The transactional mode needs no task of its own: everything
+            // the handler does is in one transaction, so a client that goes
+            // away (hyper drops this future) rolls it back: no effect, no
+            // key, and the retry runs the request once. Running it here
+            // saves a spawn and a hand-over between threads per request.
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = config.transactional.clone() {
+                return crate::transactional::process(inner, pg, config, parts, body, key).await;
+            }
             // From here on the work runs in a task the connection does not
             // own: once a handler has started, a client that disconnects
             // (hyper drops this future) neither cancels it nor frees its

@@ -58,7 +58,8 @@
 //!
 //! # After the handler started
 //!
-//! The claimed request runs in a spawned task: a client that disconnects
+//! The claimed request runs in a spawned task (except in PostgreSQL's
+//! transactional mode, see below): a client that disconnects
 //! (a client-side timeout) cancels nothing and frees nothing; a retry gets
 //! `409` while the handler works and the replay afterwards. While it runs,
 //! the layer extends the claim's lease (a heartbeat every third of the lock
@@ -95,6 +96,25 @@
 //!   or record *recovery points*: in a transaction, write "about to charge"
 //!   with the key before the call and the result after it, and have the
 //!   handler resume from the last recovery point instead of starting over.
+//!
+//! # PostgreSQL: transactional or two-phase
+//!
+//! * **Transactional** (`IdempotencyLayer::transactional`) when every effect
+//!   of the handler is a write to the store's database. One transaction
+//!   holds the claim, the handler's writes (through the
+//!   `IdempotencyTransaction` in the request extensions) and the stored
+//!   response: one commit, one WAL flush per request, exactly once. A
+//!   concurrent duplicate waits on the claim row's lock, then gets the
+//!   replay. Costs: the request holds a pooled connection from claim to
+//!   commit (size the pool with `PostgresStore::connect_with_pool_size`),
+//!   and a duplicate waits as long as the first request runs, so keep such
+//!   handlers short. A client that goes away rolls the request back.
+//! * **Two-phase** (`IdempotencyLayer::new` / `builder`) when the handler
+//!   has effects outside the database (a payment processor, a queue, an
+//!   email): the claim commits first, the handler runs under a lease, the
+//!   response is stored in a second commit (two WAL flushes). A duplicate
+//!   gets `409` at once, a client that goes away cancels nothing, and a
+//!   slow handler keeps its key through the heartbeat.
 //!
 //! # Scope, lock timeout, expiry
 //!
@@ -145,7 +165,7 @@ pub use layer::{
 };
 pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, MIGRATION_SQL};
+pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 pub use problem::ProblemKind;
 pub use store::{
     spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,

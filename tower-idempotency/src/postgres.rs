@@ -24,6 +24,13 @@ pub const MIGRATION_SQL: &str = include_str!("../migrations/0001_create_idempote
 
 const DEFAULT_TABLE: &str = "idempotency_keys";
 
+/// Connections in the pool that [`PostgresStore::connect`] opens: enough
+/// for 32 requests in flight at once, each holding a connection (the whole
+/// request long, in the transactional mode), while three replicas still fit
+/// in PostgreSQL's default `max_connections` of 100. (sqlx's default of 10
+/// left 32 concurrent requests queueing for connections.)
+pub const DEFAULT_POOL_SIZE: u32 = 32;
+
 /// Durations are bound as seconds; longer ones mean "never" and are capped
 /// here so that `now() + interval` cannot overflow.
 const MAX_INTERVAL_SECS: f64 = 100.0 * 365.0 * 24.0 * 3600.0;
@@ -159,10 +166,39 @@ impl PostgresStore {
         }
     }
 
-    /// Connects a pool (10 connections) to `url` and returns a store using it.
+    /// Connects a pool of [`DEFAULT_POOL_SIZE`] connections to `url` and
+    /// returns a store using it. Other sizes:
+    /// [`PostgresStore::connect_with_pool_size`]; any other pool setting:
+    /// build the pool yourself and pass it to [`PostgresStore::new`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with_pool_size(url, DEFAULT_POOL_SIZE).await
+    }
+
+    /// Connects a pool of at most `max_connections` connections to `url`
+    /// and returns a store using it.
+    ///
+    /// How to size it: every request in flight holds a connection while it
+    /// talks to the database; in the transactional mode
+    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional))
+    /// it holds one for its whole duration, handler included. A request
+    /// that finds none free waits for one, so a pool smaller than the
+    /// number of concurrent requests caps throughput (and the commits that
+    /// PostgreSQL could flush together). The bound is PostgreSQL's
+    /// `max_connections` (100 by default), shared by every replica of the
+    /// service and everything else that connects.
+    ///
+    /// # Errors
+    ///
+    /// When `max_connections` is 0, or PostgreSQL cannot be reached.
+    pub async fn connect_with_pool_size(
+        url: &str,
+        max_connections: u32,
+    ) -> Result<Self, StoreError> {
+        if max_connections == 0 {
+            return Err(StoreError::msg("the pool needs at least one connection"));
+        }
         let pool = PgPoolOptions::new()
-            .max_connections(10)
+            .max_connections(max_connections)
             .connect(url)
             .await
             .map_err(db_err("connecting to PostgreSQL"))?;

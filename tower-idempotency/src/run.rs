@@ -50,10 +50,6 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    #[cfg(feature = "postgres")]
-    if let Some(pg) = config.transactional.clone() {
-        return crate::transactional::process(inner, pg, config, parts, body, key).await;
-    }
     let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
     let scope = config.scope.stored_scope(&parts);
     let claimed = store

@@ -16,7 +16,11 @@
 //! the two-phase mode and its recovery points.
 
 use std::fmt;
+use std::future::{poll_fn, Future};
+use std::panic::{self, AssertUnwindSafe};
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -96,7 +100,9 @@ impl IdempotencyTransaction {
 }
 
 /// Runs a keyed request in one transaction (the transactional counterpart
-/// of `run::process`).
+/// of `run::process`). Called in the response future, not in a task: if
+/// the future is dropped (the client went away), the transaction is dropped
+/// with it and rolled back, so nothing of the request is committed.
 pub(crate) async fn process<S, ReqBody, ResBody>(
     mut inner: S,
     pg: PostgresStore,
@@ -150,7 +156,10 @@ where
     parts
         .extensions
         .insert(IdempotencyContext::new(&scope, &key, lease));
-    let outcome = tokio::spawn(inner.call(Request::from_parts(parts, ReqBody::from(body)))).await;
+    // Run in this future, not in a task of its own: there is no lease to
+    // keep alive beside it, and a panic is caught here as well as by a task.
+    let outcome =
+        catch_unwind(|| inner.call(Request::from_parts(parts, ReqBody::from(body)))).await;
     let Some(mut tx) = handle.take().await else {
         // Only this function takes the transaction out.
         return Ok(problem(
@@ -165,18 +174,11 @@ where
             rollback(tx).await;
             return Err(err);
         }
-        Err(join) => {
+        Err(Panicked) => {
             rollback(tx).await;
-            let what = if join.is_panic() {
-                "panicked"
-            } else {
-                "was cancelled"
-            };
             return Ok(problem(
                 ProblemKind::Internal,
-                &format!(
-                    "the handler {what}; its transaction was rolled back, nothing was committed"
-                ),
+                "the handler panicked; its transaction was rolled back, nothing was committed",
                 None,
             ));
         }
@@ -215,6 +217,28 @@ where
         ));
     }
     Ok(Response::from_parts(parts, ResBody::from(body)))
+}
+
+/// The handler panicked (the payload is dropped: the panic hook has
+/// already reported it).
+struct Panicked;
+
+/// Calls `call` and awaits the future it returns, turning a panic in either
+/// into `Err(Panicked)`. After a panic the future is dropped, never polled
+/// again, so nothing observes state the panic left half-updated
+/// (`AssertUnwindSafe`); the transaction it may have written through is
+/// rolled back by the caller.
+async fn catch_unwind<F: Future>(call: impl FnOnce() -> F) -> Result<F::Output, Panicked> {
+    let future = panic::catch_unwind(AssertUnwindSafe(call)).map_err(|_| Panicked)?;
+    let mut future = pin!(future);
+    poll_fn(
+        |cx| match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_) => Poll::Ready(Err(Panicked)),
+        },
+    )
+    .await
 }
 
 async fn rollback(tx: Transaction<'static, Postgres>) {

@@ -63,3 +63,13 @@ async fn duration_max_works(h: Harness) {
     assert!(send(&router, post("k", "a")).await.replayed(), "{}", h.name);
     assert_eq!(state.runs(), 1);
 }
+
+#[tokio::test]
+async fn a_pool_without_connections_is_refused() {
+    // Refused before any connection is attempted (the URL is unreachable).
+    let err =
+        tower_idempotency::PostgresStore::connect_with_pool_size("postgres://127.0.0.1:1/x", 0)
+            .await
+            .unwrap_err();
+    assert!(err.to_string().contains("at least one connection"), "{err}");
+}

@@ -202,3 +202,35 @@ async fn failures_roll_everything_back() {
     assert_eq!(s.effects().await, 2);
     s.done().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_request_rolls_back_and_its_retry_runs_once() {
+    let s = Setup::new().await;
+    let started = s.app.started.notified();
+    let r = s.router.clone();
+    // The handler writes its effect, then waits; the client goes away
+    // meanwhile (hyper drops the response future: here, the task's).
+    let first = tokio::spawn(async move {
+        send(
+            &r,
+            req("POST", "/payments", Some("gone"), "7", &[("x-wait", "1")]),
+        )
+        .await
+    });
+    started.await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The retry waits for the rollback on the claim row's lock, then runs:
+    // nothing of the dropped request was committed.
+    let retry = send(&s.router, post("gone", "7")).await;
+    assert_eq!(retry.status, 201);
+    assert!(!retry.replayed());
+    assert_eq!(s.effects().await, 1);
+    assert!(send(&s.router, post("gone", "7")).await.replayed());
+    assert_eq!(
+        s.effects().await,
+        1,
+        "the dropped request and its retry both committed"
+    );
+    s.done().await;
+}

@@ -1,0 +1,637 @@
+//! Load generator: what the idempotency layer costs a real HTTP server.
+//!
+//! ```text
+//! cargo run --release -p tower-idempotency --example loadgen -- \
+//!     --modes none,memory,pg-none,pg-two-phase,pg-transactional \
+//!     --clients 1,32 --seconds 5 --warmup 1 --rounds 3
+//! ```
+//!
+//! Each measurement starts an axum server on `127.0.0.1:0` in a server
+//! runtime of its own (2 worker threads) and drives it from a separate client
+//! runtime with C concurrent clients, each on one keep-alive HTTP/1.1
+//! connection, each request a `POST /pay` with a small JSON body and a fresh
+//! unique `Idempotency-Key`. Requests started during the warm-up are not
+//! recorded; the others are, by latency (send to last body byte). Modes:
+//!
+//! * `none`: a trivial handler answering `201` with a small JSON body;
+//! * `memory`: the same handler behind `IdempotencyLayer` over `MemoryStore`;
+//! * `pg-none`: a handler inserting one row (autocommit, pooled), no layer;
+//! * `pg-two-phase`: that handler behind the layer over `PostgresStore`;
+//! * `pg-transactional`: the handler inserting its row through the request's
+//!   `IdempotencyTransaction`, behind `IdempotencyLayer::transactional`.
+//!
+//! Rounds are interleaved (round r runs every client count × every mode,
+//! the mode order reversed on odd rounds), and every server is fresh (a new
+//! `MemoryStore`; the PostgreSQL tables truncated), so the ratio of a layer
+//! mode to its no-layer mode (`memory`/`none`, `pg-*`/`pg-none`) is paired
+//! within one round. The summary gives medians over rounds and each round's
+//! ratio. Answers other than 2xx are counted and printed: a benchmark that
+//! silently measures 409s or 5xx measures the wrong thing.
+//!
+//! PostgreSQL: `DATABASE_URL` (default `postgres://postgres@127.0.0.1/test`),
+//! tables `loadgen_payments` and `loadgen_keys`, a pool of `--pool`
+//! connections shared by the handler and the store.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::{Extension, Router};
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
+use tokio::sync::oneshot;
+use tower_idempotency::{
+    IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore, IDEMPOTENCY_KEY,
+};
+
+const RESPONSE: &str = r#"{"id":"pay_1","status":"paid"}"#;
+const REQUEST: &str = r#"{"amount":1234,"currency":"eur"}"#;
+const PAYMENTS: &str = "loadgen_payments";
+const KEYS: &str = "loadgen_keys";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    None,
+    Memory,
+    PgNone,
+    PgTwoPhase,
+    PgTransactional,
+}
+
+impl Mode {
+    const ALL: [Mode; 5] = [
+        Mode::None,
+        Mode::Memory,
+        Mode::PgNone,
+        Mode::PgTwoPhase,
+        Mode::PgTransactional,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::Memory => "memory",
+            Mode::PgNone => "pg-none",
+            Mode::PgTwoPhase => "pg-two-phase",
+            Mode::PgTransactional => "pg-transactional",
+        }
+    }
+
+    /// The no-layer mode this one is compared with.
+    fn baseline(self) -> Option<Mode> {
+        match self {
+            Mode::None | Mode::PgNone => None,
+            Mode::Memory => Some(Mode::None),
+            Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
+        }
+    }
+
+    fn needs_pg(self) -> bool {
+        matches!(
+            self,
+            Mode::PgNone | Mode::PgTwoPhase | Mode::PgTransactional
+        )
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Mode::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown mode {s:?}; expected one of {}", names.join(","))
+            })
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Req/s and latency of a POST handler with and without the idempotency layer")]
+struct Args {
+    /// Modes to run, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,memory,pg-none,pg-two-phase,pg-transactional"
+    )]
+    modes: Vec<Mode>,
+    /// Concurrent clients (one keep-alive connection each), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    clients: Vec<usize>,
+    /// Measured seconds per mode and client count.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Unrecorded warm-up seconds before each measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// PostgreSQL pool size (shared by the handler and the store).
+    #[arg(long, default_value_t = 10)]
+    pool: u32,
+    /// Worker threads of the client runtime (the server always has 2).
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
+}
+
+/// One measurement.
+#[derive(Clone, Debug)]
+struct Sample {
+    rps: f64,
+    p50: Duration,
+    p99: Duration,
+    ok: u64,
+    non_2xx: u64,
+    errors: u64,
+}
+
+/// The trivial handler: reads the body, answers `201` with a small JSON body.
+async fn pay_plain(_body: Bytes) -> Answer {
+    created()
+}
+
+fn insert_sql() -> String {
+    format!("INSERT INTO {PAYMENTS} (key, body) VALUES ($1, $2)")
+}
+
+fn key_of(headers: &HeaderMap) -> String {
+    headers
+        .get(IDEMPOTENCY_KEY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+type Answer = (
+    StatusCode,
+    [(header::HeaderName, &'static str); 1],
+    &'static str,
+);
+
+fn created() -> Answer {
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        RESPONSE,
+    )
+}
+
+fn failed() -> Answer {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        [(header::CONTENT_TYPE, "text/plain")],
+        "insert failed",
+    )
+}
+
+async fn pay_pg(State(pool): State<PgPool>, headers: HeaderMap, body: Bytes) -> Answer {
+    let body = String::from_utf8_lossy(&body).into_owned();
+    match sqlx::query(&insert_sql())
+        .bind(key_of(&headers))
+        .bind(body)
+        .execute(&pool)
+        .await
+    {
+        Ok(_) => created(),
+        Err(err) => {
+            eprintln!("pg insert: {err}");
+            failed()
+        }
+    }
+}
+
+async fn pay_pg_tx(
+    Extension(tx): Extension<IdempotencyTransaction>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let mut conn = match tx.lock().await {
+        Ok(conn) => conn,
+        Err(err) => {
+            eprintln!("transaction: {err}");
+            return failed();
+        }
+    };
+    match sqlx::query(&insert_sql())
+        .bind(key_of(&headers))
+        .bind(body)
+        .execute(&mut **conn)
+        .await
+    {
+        Ok(_) => created(),
+        Err(err) => {
+            eprintln!("pg insert in transaction: {err}");
+            failed()
+        }
+    }
+}
+
+fn router(mode: Mode, pg: Option<&PostgresStore>) -> Result<Router, String> {
+    let need = || {
+        pg.cloned()
+            .ok_or_else(|| "PostgreSQL not connected".to_owned())
+    };
+    Ok(match mode {
+        Mode::None => Router::new().route("/pay", post(pay_plain)),
+        Mode::Memory => Router::new()
+            .route("/pay", post(pay_plain))
+            .layer(IdempotencyLayer::new(MemoryStore::new())),
+        Mode::PgNone => {
+            let store = need()?;
+            Router::new()
+                .route("/pay", post(pay_pg))
+                .with_state(store.pool().clone())
+        }
+        Mode::PgTwoPhase => {
+            let store = need()?;
+            Router::new()
+                .route("/pay", post(pay_pg))
+                .with_state(store.pool().clone())
+                .layer(IdempotencyLayer::new(store))
+        }
+        Mode::PgTransactional => {
+            let store = need()?;
+            let layer = IdempotencyLayer::transactional(store)
+                .build()
+                .map_err(|e| e.to_string())?;
+            Router::new().route("/pay", post(pay_pg_tx)).layer(layer)
+        }
+    })
+}
+
+async fn connect_pg(pool_size: u32) -> Result<PostgresStore, String> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".to_owned());
+    let connect = PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&url);
+    let pool = match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(pool)) => pool,
+        Ok(Err(err)) => {
+            return Err(format!(
+                "PostgreSQL is not reachable at DATABASE_URL={url}: {err}"
+            ))
+        }
+        Err(_) => {
+            return Err(format!(
+                "PostgreSQL is not reachable at DATABASE_URL={url}: no answer within 5 s"
+            ))
+        }
+    };
+    let store = PostgresStore::new(pool)
+        .with_table(KEYS)
+        .map_err(|e| e.to_string())?;
+    store.migrate().await.map_err(|e| e.to_string())?;
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {PAYMENTS} (id bigserial PRIMARY KEY, key text NOT NULL, \
+         body text NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .map_err(|e| format!("creating {PAYMENTS}: {e}"))?;
+    Ok(store)
+}
+
+async fn truncate(store: &PostgresStore) -> Result<(), String> {
+    sqlx::query(&format!("TRUNCATE {PAYMENTS}, {KEYS}"))
+        .execute(store.pool())
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("truncating the loadgen tables: {e}"))
+}
+
+/// What one client saw.
+#[derive(Default)]
+struct ClientLog {
+    latencies: Vec<Duration>,
+    non_2xx: u64,
+    errors: u64,
+}
+
+/// One client: a keep-alive connection sending keyed POSTs until `stop`;
+/// records requests started after `record_from`.
+async fn client(
+    addr: SocketAddr,
+    id: usize,
+    run: String,
+    record_from: Instant,
+    stop: Arc<AtomicBool>,
+) -> ClientLog {
+    let mut log = ClientLog::default();
+    let stream = match TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(err) => {
+            eprintln!("client {id}: connect: {err}");
+            log.errors += 1;
+            return log;
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(pair) => pair,
+        Err(err) => {
+            eprintln!("client {id}: handshake: {err}");
+            log.errors += 1;
+            return log;
+        }
+    };
+    tokio::spawn(conn);
+    let body = Bytes::from_static(REQUEST.as_bytes());
+    let mut n: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let request = hyper::Request::post("/pay")
+            .header(header::HOST, "127.0.0.1")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(IDEMPOTENCY_KEY, format!("{run}-{id}-{n}"))
+            .body(Full::new(body.clone()));
+        let Ok(request) = request else {
+            log.errors += 1;
+            break;
+        };
+        if sender.ready().await.is_err() {
+            log.errors += 1;
+            break;
+        }
+        let start = Instant::now();
+        let status = match sender.send_request(request).await {
+            Ok(response) => {
+                let status = response.status();
+                if response.into_body().collect().await.is_err() {
+                    log.errors += 1;
+                    break;
+                }
+                status
+            }
+            Err(err) => {
+                eprintln!("client {id}: request: {err}");
+                log.errors += 1;
+                break;
+            }
+        };
+        if start >= record_from {
+            log.latencies.push(start.elapsed());
+            if !status.is_success() {
+                log.non_2xx += 1;
+            }
+        }
+    }
+    log
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn measure(
+    server_rt: &Runtime,
+    client_rt: &Runtime,
+    app: Router,
+    clients: usize,
+    args: &Args,
+) -> Result<Sample, String> {
+    let listener = server_rt
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .map_err(|e| format!("bind: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (stop_server, stopped) = oneshot::channel::<()>();
+    let server = server_rt.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+
+    let warmup = Duration::from_secs_f64(args.warmup);
+    let seconds = Duration::from_secs_f64(args.seconds);
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let logs: Vec<ClientLog> = client_rt.block_on(async {
+        let start = Instant::now();
+        let record_from = start + warmup;
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks: Vec<_> = (0..clients)
+            .map(|id| tokio::spawn(client(addr, id, run.clone(), record_from, stop.clone())))
+            .collect();
+        tokio::time::sleep(warmup + seconds).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut logs = Vec::new();
+        for t in tasks {
+            logs.push(t.await.unwrap_or_default());
+        }
+        logs
+    });
+    let _ = stop_server.send(());
+    let _ =
+        server_rt.block_on(async { tokio::time::timeout(Duration::from_secs(5), server).await });
+
+    let mut all: Vec<Duration> = logs
+        .iter()
+        .flat_map(|l| l.latencies.iter().copied())
+        .collect();
+    all.sort_unstable();
+    let non_2xx: u64 = logs.iter().map(|l| l.non_2xx).sum();
+    let errors: u64 = logs.iter().map(|l| l.errors).sum();
+    let count = all.len() as u64;
+    Ok(Sample {
+        rps: count as f64 / seconds.as_secs_f64(),
+        p50: percentile(&all, 0.50),
+        p99: percentile(&all, 0.99),
+        ok: count - non_2xx,
+        non_2xx,
+        errors,
+    })
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    if args.modes.is_empty() || args.clients.is_empty() || args.rounds == 0 {
+        return Err("nothing to run: give at least one mode, client count and round".into());
+    }
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("server")
+        .enable_all()
+        .build()?;
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
+        .thread_name("client")
+        .enable_all()
+        .build()?;
+
+    let pg = if args.modes.iter().any(|m| m.needs_pg()) {
+        Some(server_rt.block_on(connect_pg(args.pool))?)
+    } else {
+        None
+    };
+
+    println!(
+        "loadgen: modes {}, clients {:?}, {} s measured after {} s warm-up, {} rounds, \
+         server runtime 2 workers, client runtime {} workers{}",
+        args.modes
+            .iter()
+            .map(|m| m.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        args.clients,
+        args.seconds,
+        args.warmup,
+        args.rounds,
+        args.client_threads,
+        if pg.is_some() {
+            format!(", PostgreSQL pool {}", args.pool)
+        } else {
+            String::new()
+        }
+    );
+
+    // results[round][(mode, clients)]
+    let mut results: Vec<Vec<(Mode, usize, Sample)>> = Vec::new();
+    for round in 0..args.rounds {
+        let mut modes = args.modes.clone();
+        if round % 2 == 1 {
+            modes.reverse();
+        }
+        let mut this_round = Vec::new();
+        for &clients in &args.clients {
+            for &mode in &modes {
+                if let Some(store) = &pg {
+                    server_rt.block_on(truncate(store))?;
+                }
+                let app = router(mode, pg.as_ref())?;
+                let sample = measure(&server_rt, &client_rt, app, clients, &args)?;
+                this_round.push((mode, clients, sample));
+            }
+        }
+        println!("\n### Round {}\n", round + 1);
+        print_round(&this_round, &args);
+        results.push(this_round);
+    }
+
+    println!("\n### Summary: medians over {} rounds\n", args.rounds);
+    println!("| mode | clients | req/s | p50 | p99 | non-2xx | ratio (median) | ratio per round |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    for &clients in &args.clients {
+        for &mode in &args.modes {
+            let samples: Vec<&Sample> = results
+                .iter()
+                .filter_map(|r| {
+                    r.iter()
+                        .find(|(m, c, _)| *m == mode && *c == clients)
+                        .map(|(_, _, s)| s)
+                })
+                .collect();
+            let rps = median(samples.iter().map(|s| s.rps).collect());
+            let p50 = median(samples.iter().map(|s| s.p50.as_secs_f64()).collect());
+            let p99 = median(samples.iter().map(|s| s.p99.as_secs_f64()).collect());
+            let non_2xx: u64 = samples.iter().map(|s| s.non_2xx + s.errors).sum();
+            let ratios: Vec<f64> = results
+                .iter()
+                .filter_map(|r| ratio(r, mode, clients))
+                .collect();
+            let (ratio_median, per_round) = if ratios.is_empty() {
+                ("—".to_owned(), "—".to_owned())
+            } else {
+                (
+                    format!("{:.3}", median(ratios.clone())),
+                    ratios
+                        .iter()
+                        .map(|r| format!("{r:.3}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )
+            };
+            println!(
+                "| {mode} | {clients} | {rps:.0} | {} | {} | {non_2xx} | {ratio_median} | {per_round} |",
+                micros(Duration::from_secs_f64(p50)),
+                micros(Duration::from_secs_f64(p99)),
+            );
+        }
+    }
+    let bad: u64 = results
+        .iter()
+        .flatten()
+        .map(|(_, _, s)| s.non_2xx + s.errors)
+        .sum();
+    if bad > 0 {
+        println!(
+            "\nWARNING: {bad} requests were answered non-2xx or failed; see the rounds above."
+        );
+    }
+    Ok(())
+}
+
+/// Throughput of `mode` over its baseline's in the same round.
+fn ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<f64> {
+    let base = mode.baseline()?;
+    let get = |m: Mode| {
+        round
+            .iter()
+            .find(|(x, c, _)| *x == m && *c == clients)
+            .map(|(_, _, s)| s.rps)
+    };
+    Some(get(mode)? / get(base)?)
+}
+
+fn print_round(round: &[(Mode, usize, Sample)], _args: &Args) {
+    println!("| mode | clients | req/s | p50 | p99 | 2xx | non-2xx | errors | ratio |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (mode, clients, s) in round {
+        let r = ratio(round, *mode, *clients)
+            .map(|r| format!("{r:.3}"))
+            .unwrap_or_else(|| "—".to_owned());
+        println!(
+            "| {mode} | {clients} | {:.0} | {} | {} | {} | {} | {} | {r} |",
+            s.rps,
+            micros(s.p50),
+            micros(s.p99),
+            s.ok,
+            s.non_2xx,
+            s.errors
+        );
+    }
+}
