@@ -1,0 +1,129 @@
+//! The MemoryStore layer's own cost per request, without sockets.
+//!
+//! ```text
+//! cargo run --release -p tower-idempotency --example layer_cost -- --rounds 7
+//! ```
+//!
+//! Sends keyed `POST`s (fresh key each) straight into an axum router with a
+//! trivial handler, with and without `IdempotencyLayer` over `MemoryStore`,
+//! from 1 and from 32 tasks on a 2-worker runtime. Each round runs both
+//! variants back to back (order alternating), so the difference is paired;
+//! prints the median time per request of each and the median per-round
+//! difference: what the layer adds, in nanoseconds, with no HTTP parsing or
+//! socket in the way.
+
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, Request, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use clap::Parser;
+use tower::ServiceExt;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Requests per task per measurement.
+    #[arg(long, default_value_t = 20_000)]
+    requests: usize,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Concurrent tasks, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    tasks: Vec<usize>,
+}
+
+async fn pay(_body: Bytes) -> (StatusCode, [(header::HeaderName, &'static str); 1], &'static str) {
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"id":"pay_1","status":"paid"}"#,
+    )
+}
+
+fn router(layer: bool) -> Router {
+    let r = Router::new().route("/pay", post(pay));
+    if layer {
+        r.layer(IdempotencyLayer::new(MemoryStore::new()))
+    } else {
+        r
+    }
+}
+
+/// Wall time per request over `tasks` tasks sending `per_task` each.
+async fn run(app: Router, tasks: usize, per_task: usize) -> Duration {
+    let prefix = uuid::Uuid::new_v4().simple().to_string();
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let app = app.clone();
+            let prefix = prefix.clone();
+            tokio::spawn(async move {
+                for i in 0..per_task {
+                    let request = Request::post("/pay")
+                        .header("idempotency-key", format!("{prefix}-{t}-{i}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(r#"{"amount":1234,"currency":"eur"}"#))
+                        .expect("a valid request");
+                    let response = app.clone().oneshot(request).await.expect("infallible");
+                    assert_eq!(response.status(), StatusCode::CREATED);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("task");
+    }
+    start.elapsed() / (tasks * per_task) as u32
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("| tasks | no layer ns/req | memory ns/req | added ns (median of rounds) | ratio |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &tasks in &args.tasks {
+        let per_task = (args.requests / tasks).max(1);
+        let (mut base, mut layer, mut added, mut ratio) = (vec![], vec![], vec![], vec![]);
+        for round in 0..args.rounds {
+            // A fresh store per measurement, like the load generator.
+            let (b, l) = rt.block_on(async {
+                if round % 2 == 0 {
+                    let b = run(router(false), tasks, per_task).await;
+                    (b, run(router(true), tasks, per_task).await)
+                } else {
+                    let l = run(router(true), tasks, per_task).await;
+                    (run(router(false), tasks, per_task).await, l)
+                }
+            });
+            let (b, l) = (b.as_nanos() as f64, l.as_nanos() as f64);
+            base.push(b);
+            layer.push(l);
+            added.push(l - b);
+            ratio.push(b / l);
+        }
+        println!(
+            "| {tasks} | {:.0} | {:.0} | {:.0} | {:.3} |",
+            median(base),
+            median(layer),
+            median(added),
+            median(ratio)
+        );
+    }
+}
