@@ -35,7 +35,13 @@ struct Args {
     tasks: Vec<usize>,
 }
 
-async fn pay(_body: Bytes) -> (StatusCode, [(header::HeaderName, &'static str); 1], &'static str) {
+async fn pay(
+    _body: Bytes,
+) -> (
+    StatusCode,
+    [(header::HeaderName, &'static str); 1],
+    &'static str,
+) {
     (
         StatusCode::CREATED,
         [(header::CONTENT_TYPE, "application/json")],
