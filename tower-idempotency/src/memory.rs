@@ -21,7 +21,21 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Far enough in the future to mean "never" for a record's expiry.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-type MapKey = (String, String);
+/// A record's identity: `scope` and `key` in one string, the scope's
+/// length first (`"{len}:{scope}{key}"`), so that no two pairs coincide.
+/// Shared (not copied) by the map and the eviction order.
+type MapKey = Arc<str>;
+
+/// Writes the identity of `(scope, key)` into `buf` (reused: no allocation
+/// once it is large enough).
+fn write_id(buf: &mut String, scope: &str, key: &str) {
+    use std::fmt::Write;
+    buf.clear();
+    // Writing into a String never fails.
+    let _ = write!(buf, "{}:", scope.len());
+    buf.push_str(scope);
+    buf.push_str(key);
+}
 
 #[derive(Debug)]
 enum State {
@@ -35,6 +49,8 @@ enum State {
 
 #[derive(Debug)]
 struct Record {
+    /// Its key in the map, for the eviction order.
+    id: MapKey,
     fingerprint: Fingerprint,
     expires_at: SystemTime,
     state: State,
@@ -48,6 +64,11 @@ struct Inner {
     completed: BTreeMap<u64, MapKey>,
     next_seq: u64,
     next_sweep: Option<SystemTime>,
+    /// Number of leases handed out: each lease is this store's nonce and a
+    /// number never handed out before.
+    leases: u64,
+    /// Reused buffer for looking records up by `(scope, key)`.
+    lookup: String,
 }
 
 impl Inner {
@@ -56,20 +77,32 @@ impl Inner {
         self.records.retain(|_, record| record.expires_at > now);
         let records = &self.records;
         self.completed.retain(|seq, map_key| {
-            matches!(records.get(map_key), Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq)
+            matches!(records.get(&**map_key), Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq)
         });
         (before - self.records.len()) as u64
+    }
+
+    /// A lease never handed out by this store before.
+    fn new_lease(&mut self, nonce: u64) -> LeaseToken {
+        self.leases += 1;
+        LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
+    }
+
+    /// The record of `(scope, key)`.
+    fn get_mut(&mut self, scope: &str, key: &str) -> Option<&mut Record> {
+        write_id(&mut self.lookup, scope, key);
+        self.records.get_mut(self.lookup.as_str())
     }
 
     /// Removes the oldest completed record; `false` if there is none.
     fn evict_oldest_completed(&mut self) -> bool {
         while let Some((seq, map_key)) = self.completed.pop_first() {
             let current = matches!(
-                self.records.get(&map_key),
+                self.records.get(&*map_key),
                 Some(Record { state: State::Completed { seq: s, .. }, .. }) if *s == seq
             );
             if current {
-                self.records.remove(&map_key);
+                self.records.remove(&*map_key);
                 return true;
             }
         }
@@ -93,6 +126,10 @@ impl Inner {
 /// [`sweep_every`](Self::sweep_every) (default 60 s), so no background task
 /// is needed.
 ///
+/// Leases are numbered, not drawn at random: a lease is the store's random
+/// nonce and a counter, so no claim pays for a random number and no two
+/// claims of a store (or of two stores) share one.
+///
 /// ```
 /// use std::num::NonZeroUsize;
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
@@ -103,6 +140,8 @@ impl Inner {
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
+    /// Random, per store: its leases differ from any other store's.
+    nonce: u64,
     clock: Arc<dyn Clock>,
     max_keys: NonZeroUsize,
     sweep_every: Duration,
@@ -124,6 +163,7 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner::default())),
+            nonce: uuid::Uuid::new_v4().as_u64_pair().0,
             clock,
             max_keys: NonZeroUsize::new(DEFAULT_MEMORY_MAX_KEYS).unwrap_or(NonZeroUsize::MIN),
             sweep_every: DEFAULT_SWEEP_EVERY,
@@ -198,8 +238,9 @@ impl IdempotencyStore for MemoryStore {
         let now = self.clock.now();
         let mut inner = self.lock();
         self.maybe_sweep(&mut inner, now);
-        let map_key = (req.scope.to_owned(), req.key.to_owned());
-        let fresh = |lease| Record {
+        let lease = inner.new_lease(self.nonce);
+        let fresh = |id, lease| Record {
+            id,
             fingerprint: req.fingerprint,
             expires_at: later(now, req.ttl),
             state: State::InProgress {
@@ -207,14 +248,14 @@ impl IdempotencyStore for MemoryStore {
                 locked_at: now,
             },
         };
-        let lease = LeaseToken::new_random();
-        let Some(record) = inner.records.get_mut(&map_key) else {
+        let Some(record) = inner.get_mut(req.scope, req.key) else {
             self.make_room(&mut inner, now)?;
-            inner.records.insert(map_key, fresh(lease));
+            let id: MapKey = Arc::from(inner.lookup.as_str());
+            inner.records.insert(id.clone(), fresh(id, lease));
             return Ok(ClaimOutcome::Claimed(lease));
         };
         if record.expires_at <= now {
-            *record = fresh(lease);
+            *record = fresh(record.id.clone(), lease);
             return Ok(ClaimOutcome::Claimed(lease));
         }
         let fingerprint_matches = record.fingerprint == req.fingerprint;
@@ -226,7 +267,7 @@ impl IdempotencyStore for MemoryStore {
             State::InProgress { locked_at, .. }
                 if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now =>
             {
-                *record = fresh(lease);
+                *record = fresh(record.id.clone(), lease);
                 Ok(ClaimOutcome::Claimed(lease))
             }
             State::InProgress { .. } => Ok(ClaimOutcome::InProgress {
@@ -244,16 +285,16 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         let seq = inner.next_seq;
-        let map_key = (scope.to_owned(), key.to_owned());
-        match inner.records.get_mut(&map_key) {
+        match inner.get_mut(scope, key) {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 record.state = State::Completed {
                     response: response.clone(),
                     seq,
                 };
+                let id = record.id.clone();
                 inner.next_seq += 1;
-                inner.completed.insert(seq, map_key);
+                inner.completed.insert(seq, id);
                 Ok(true)
             }
             _ => Ok(false),
@@ -268,7 +309,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut inner = self.lock();
-        match inner.records.get_mut(&(scope.to_owned(), key.to_owned())) {
+        match inner.get_mut(scope, key) {
             Some(Record {
                 state:
                     State::InProgress {
@@ -286,11 +327,11 @@ impl IdempotencyStore for MemoryStore {
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
         let mut inner = self.lock();
-        let map_key = (scope.to_owned(), key.to_owned());
-        match inner.records.get(&map_key) {
+        match inner.get_mut(scope, key) {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
-                inner.records.remove(&map_key);
+                let id = record.id.clone();
+                inner.records.remove(&*id);
                 Ok(true)
             }
             _ => Ok(false),
@@ -300,5 +341,56 @@ impl IdempotencyStore for MemoryStore {
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
         let now = self.clock.now();
         Ok(self.lock().sweep(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(scope: &str, key: &str) -> String {
+        let mut buf = String::new();
+        write_id(&mut buf, scope, key);
+        buf
+    }
+
+    /// Moving characters between scope and key never yields the same record.
+    #[test]
+    fn ids_of_different_pairs_differ() {
+        assert_ne!(id("ab", "c"), id("a", "bc"));
+        assert_ne!(id("1:a", "b"), id("1", ":ab"));
+        assert_ne!(id("", "3:abc"), id("abc", ""));
+        assert_eq!(id("s", "k"), id("s", "k"));
+    }
+
+    /// Leases are never handed out twice by a store, and two stores hand
+    /// out different ones.
+    #[tokio::test]
+    async fn leases_are_unique() {
+        let claim = |store: &MemoryStore, key: &'static str| {
+            let store = store.clone();
+            async move {
+                let request = ClaimRequest {
+                    scope: "s",
+                    key,
+                    fingerprint: Fingerprint([0; 32]),
+                    lock_timeout: Duration::from_secs(5),
+                    ttl: Duration::from_secs(60),
+                };
+                match store.claim(request).await.unwrap() {
+                    ClaimOutcome::Claimed(lease) => lease,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let (a, b) = (MemoryStore::new(), MemoryStore::new());
+        let leases = [
+            claim(&a, "1").await,
+            claim(&a, "2").await,
+            claim(&b, "1").await,
+        ];
+        assert_ne!(leases[0], leases[1]);
+        assert_ne!(leases[0], leases[2]);
+        assert_ne!(leases[1], leases[2]);
     }
 }
