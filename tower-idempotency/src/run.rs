@@ -86,7 +86,6 @@ pub(crate) fn answer_without_running<B: From<Bytes>>(
     claimed: Result<ClaimOutcome, crate::StoreError>,
     config: &Config,
 ) -> Result<LeaseToken, Response<B>> {
-    let retry_after = retry_after_value(config.retry_after);
     match claimed {
         Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
         Ok(ClaimOutcome::Completed {
@@ -98,7 +97,7 @@ pub(crate) fn answer_without_running<B: From<Bytes>>(
         }) => Err(problem(
             ProblemKind::InProgress,
             "a request with this idempotency key is still being processed",
-            Some(retry_after),
+            Some(retry_after_value(config.retry_after)),
         )),
         Ok(ClaimOutcome::Completed { .. } | ClaimOutcome::InProgress { .. }) => Err(problem(
             ProblemKind::KeyReused,
