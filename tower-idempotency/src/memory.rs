@@ -1,11 +1,13 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, RandomState};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
 
 use crate::store::{
     check_ids, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,
@@ -23,7 +25,7 @@ const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A record's identity: `scope` and `key` in one string, the scope's
 /// length first (`"{len}:{scope}{key}"`), so that no two pairs coincide.
-/// Shared (not copied) by the map and the eviction order.
+/// Shared (not copied) by the table and the eviction order.
 type MapKey = Arc<str>;
 
 /// Writes the identity of `(scope, key)` into `buf` (reused: no allocation
@@ -49,7 +51,10 @@ enum State {
 
 #[derive(Debug)]
 struct Record {
-    /// Its key in the map, for the eviction order.
+    /// The keyed hash of `id`, computed once: growing the table rehashes
+    /// no string.
+    hash: u64,
+    /// Its identity, shared with the eviction order.
     id: MapKey,
     fingerprint: Fingerprint,
     expires_at: SystemTime,
@@ -58,10 +63,13 @@ struct Record {
 
 #[derive(Debug, Default)]
 struct Inner {
-    records: HashMap<MapKey, Record>,
-    /// Completed records, oldest completion first (entries may be stale:
-    /// checked against the record's `seq` before use).
-    completed: BTreeMap<u64, MapKey>,
+    /// The records, found by the keyed hash of their identity.
+    records: HashTable<Record>,
+    /// Per store, random: keys chosen by clients cannot be made to collide.
+    hasher: RandomState,
+    /// Completed records (hash and identity), oldest completion first
+    /// (entries may be stale: checked against the record's `seq` before use).
+    completed: BTreeMap<u64, (u64, MapKey)>,
     next_seq: u64,
     next_sweep: Option<SystemTime>,
     /// Number of leases handed out: each lease is this store's nonce and a
@@ -74,10 +82,13 @@ struct Inner {
 impl Inner {
     fn sweep(&mut self, now: SystemTime) -> u64 {
         let before = self.records.len();
-        self.records.retain(|_, record| record.expires_at > now);
+        self.records.retain(|record| record.expires_at > now);
         let records = &self.records;
-        self.completed.retain(|seq, map_key| {
-            matches!(records.get(&**map_key), Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq)
+        self.completed.retain(|seq, (hash, id)| {
+            matches!(
+                records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
+                Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
+            )
         });
         (before - self.records.len()) as u64
     }
@@ -88,29 +99,44 @@ impl Inner {
         LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
     }
 
-    /// The record of `(scope, key)`.
-    fn get_mut(&mut self, scope: &str, key: &str) -> Option<&mut Record> {
+    /// The hash of `(scope, key)` and its record; the identity is left in
+    /// `self.lookup`.
+    fn find_mut(&mut self, scope: &str, key: &str) -> (u64, Option<&mut Record>) {
         write_id(&mut self.lookup, scope, key);
-        self.records.get_mut(self.lookup.as_str())
+        let hash = self.hasher.hash_one(self.lookup.as_str());
+        let lookup = self.lookup.as_str();
+        (hash, self.records.find_mut(hash, |r| *r.id == *lookup))
+    }
+
+    /// Removes the record of `(scope, key)` if `remove` says so.
+    fn remove_if(&mut self, scope: &str, key: &str, remove: impl FnOnce(&Record) -> bool) -> bool {
+        write_id(&mut self.lookup, scope, key);
+        let hash = self.hasher.hash_one(self.lookup.as_str());
+        let lookup = self.lookup.as_str();
+        match self.records.find_entry(hash, |r| *r.id == *lookup) {
+            Ok(entry) if remove(entry.get()) => {
+                entry.remove();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Removes the oldest completed record; `false` if there is none.
     fn evict_oldest_completed(&mut self) -> bool {
-        while let Some((seq, map_key)) = self.completed.pop_first() {
-            let current = matches!(
-                self.records.get(&*map_key),
-                Some(Record { state: State::Completed { seq: s, .. }, .. }) if *s == seq
-            );
-            if current {
-                self.records.remove(&*map_key);
-                return true;
+        while let Some((seq, (hash, id))) = self.completed.pop_first() {
+            if let Ok(entry) = self.records.find_entry(hash, |r| Arc::ptr_eq(&r.id, &id)) {
+                if matches!(entry.get().state, State::Completed { seq: s, .. } if s == seq) {
+                    entry.remove();
+                    return true;
+                }
             }
         }
         false
     }
 }
 
-/// An idempotency store kept in a `Mutex<HashMap>` inside the process.
+/// An idempotency store kept in a `Mutex` over a hash table inside the process.
 ///
 /// Suitable for a single server instance and for tests; records are lost on
 /// restart and are not shared between processes. Use
@@ -239,7 +265,8 @@ impl IdempotencyStore for MemoryStore {
         let mut inner = self.lock();
         self.maybe_sweep(&mut inner, now);
         let lease = inner.new_lease(self.nonce);
-        let fresh = |id, lease| Record {
+        let fresh = |hash, id, lease| Record {
+            hash,
             id,
             fingerprint: req.fingerprint,
             expires_at: later(now, req.ttl),
@@ -248,14 +275,17 @@ impl IdempotencyStore for MemoryStore {
                 locked_at: now,
             },
         };
-        let Some(record) = inner.get_mut(req.scope, req.key) else {
+        let (hash, found) = inner.find_mut(req.scope, req.key);
+        let Some(record) = found else {
             self.make_room(&mut inner, now)?;
             let id: MapKey = Arc::from(inner.lookup.as_str());
-            inner.records.insert(id.clone(), fresh(id, lease));
+            inner
+                .records
+                .insert_unique(hash, fresh(hash, id, lease), |r| r.hash);
             return Ok(ClaimOutcome::Claimed(lease));
         };
         if record.expires_at <= now {
-            *record = fresh(record.id.clone(), lease);
+            *record = fresh(hash, record.id.clone(), lease);
             return Ok(ClaimOutcome::Claimed(lease));
         }
         let fingerprint_matches = record.fingerprint == req.fingerprint;
@@ -267,7 +297,7 @@ impl IdempotencyStore for MemoryStore {
             State::InProgress { locked_at, .. }
                 if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now =>
             {
-                *record = fresh(record.id.clone(), lease);
+                *record = fresh(hash, record.id.clone(), lease);
                 Ok(ClaimOutcome::Claimed(lease))
             }
             State::InProgress { .. } => Ok(ClaimOutcome::InProgress {
@@ -285,8 +315,8 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         let seq = inner.next_seq;
-        match inner.get_mut(scope, key) {
-            Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
+        match inner.find_mut(scope, key) {
+            (hash, Some(record)) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 record.state = State::Completed {
                     response: response.clone(),
@@ -294,7 +324,7 @@ impl IdempotencyStore for MemoryStore {
                 };
                 let id = record.id.clone();
                 inner.next_seq += 1;
-                inner.completed.insert(seq, id);
+                inner.completed.insert(seq, (hash, id));
                 Ok(true)
             }
             _ => Ok(false),
@@ -309,7 +339,7 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let now = self.clock.now();
         let mut inner = self.lock();
-        match inner.get_mut(scope, key) {
+        match inner.find_mut(scope, key).1 {
             Some(Record {
                 state:
                     State::InProgress {
@@ -326,16 +356,12 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
-        match inner.get_mut(scope, key) {
-            Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
-            {
-                let id = record.id.clone();
-                inner.records.remove(&*id);
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        let released = self.lock().remove_if(
+            scope,
+            key,
+            |record| matches!(record.state, State::InProgress { lease: l, .. } if l == lease),
+        );
+        Ok(released)
     }
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
