@@ -63,6 +63,9 @@ const KEYS: &str = "loadgen_keys";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     None,
+    /// Diagnostic: the trivial handler, awaiting one empty spawned task (the
+    /// hand-over between tasks the layer used to make), no layer.
+    NoneSpawn,
     Memory,
     PgNone,
     PgTwoPhase,
@@ -70,8 +73,9 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 5] = [
+    const ALL: [Mode; 6] = [
         Mode::None,
+        Mode::NoneSpawn,
         Mode::Memory,
         Mode::PgNone,
         Mode::PgTwoPhase,
@@ -81,6 +85,7 @@ impl Mode {
     fn name(self) -> &'static str {
         match self {
             Mode::None => "none",
+            Mode::NoneSpawn => "none-spawn",
             Mode::Memory => "memory",
             Mode::PgNone => "pg-none",
             Mode::PgTwoPhase => "pg-two-phase",
@@ -92,7 +97,7 @@ impl Mode {
     fn baseline(self) -> Option<Mode> {
         match self {
             Mode::None | Mode::PgNone => None,
-            Mode::Memory => Some(Mode::None),
+            Mode::Memory | Mode::NoneSpawn => Some(Mode::None),
             Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
         }
     }
@@ -167,6 +172,12 @@ struct Sample {
 
 /// The trivial handler: reads the body, answers `201` with a small JSON body.
 async fn pay_plain(_body: Bytes) -> Answer {
+    created()
+}
+
+/// The trivial handler after a hand-over to a spawned task and back.
+async fn pay_spawn(_body: Bytes) -> Answer {
+    let _ = tokio::spawn(async {}).await;
     created()
 }
 
@@ -254,6 +265,7 @@ fn router(mode: Mode, pg: Option<&PostgresStore>) -> Result<Router, String> {
     };
     Ok(match mode {
         Mode::None => Router::new().route("/pay", post(pay_plain)),
+        Mode::NoneSpawn => Router::new().route("/pay", post(pay_spawn)),
         Mode::Memory => Router::new()
             .route("/pay", post(pay_plain))
             .layer(IdempotencyLayer::new(MemoryStore::new())),
