@@ -70,6 +70,9 @@ fn a_fork_child_does_not_repeat_its_parents_keys() {
     seen.extend(parent.iter().map(String::as_str));
     assert_eq!(seen.len(), KEYS + 10, "the parent repeated a key");
     for key in child {
-        assert!(seen.insert(key), "the child repeated the parent's key {key}");
+        assert!(
+            seen.insert(key),
+            "the child repeated the parent's key {key}"
+        );
     }
 }
