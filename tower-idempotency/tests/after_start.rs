@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, Response};
-use support::{app, post, req, send, Faulty, Harness};
+use support::{app, post, req, send, spawn_waiting, Faulty, Harness};
 use tower::{Layer, ServiceExt};
 
 both_stores!(
@@ -23,14 +23,7 @@ async fn dropped_request_keeps_running(h: Harness) {
     let (layer, store) = h.watched_layer();
     let (router, state) = app(layer);
     let started = state.started.notified();
-    let r = router.clone();
-    let client = tokio::spawn(async move {
-        send(
-            &r,
-            req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")]),
-        )
-        .await
-    });
+    let client = spawn_waiting(&router, "k", "a");
     started.await;
     send(&router, post("k", "a")).await.assert_problem(409);
     // The client disconnects: the request future is dropped mid-handler.

@@ -1,32 +1,53 @@
 //! 50 identical concurrent requests run the handler exactly once.
 mod support;
-use support::{app, req, send, Harness};
+use std::time::Duration;
+
+use support::{app, post, send, Harness};
 
 both_stores!(fifty_concurrent_requests_run_once);
 
 async fn fifty_concurrent_requests_run_once(h: Harness) {
     let (router, state) = app(h.layer());
-    let mut tasks = Vec::new();
+    let started = state.started.notified();
+    let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..50 {
         let r = router.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             send(
                 &r,
-                req(
+                support::req(
                     "POST",
                     "/payments",
                     Some("once"),
                     r#"{"amount":5}"#,
-                    &[("x-delay-ms", "50")],
+                    &[("x-wait", "1")],
                 ),
             )
             .await
-        }));
+        });
+    }
+    // One handler runs and holds the key until told to go on: the other 49
+    // arrive while it is in progress. (A guard, not a timing check: a
+    // second handler running would wait for `proceed` too, and the test
+    // fails here instead of hanging.)
+    started.await;
+    let mut replies = Vec::new();
+    let guard = Duration::from_secs(60);
+    while replies.len() < 49 {
+        let reply = tokio::time::timeout(guard, tasks.join_next())
+            .await
+            .expect("49 requests answered while the first one ran")
+            .expect("a request task")
+            .unwrap();
+        replies.push(reply);
+    }
+    state.proceed.notify_one();
+    while let Some(reply) = tasks.join_next().await {
+        replies.push(reply.unwrap());
     }
     let mut created = Vec::new();
     let mut conflicts = 0;
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in replies {
         match reply.status.as_u16() {
             201 => created.push(reply.body),
             409 => conflicts += 1,
@@ -38,11 +59,7 @@ async fn fifty_concurrent_requests_run_once(h: Harness) {
     assert!(created.iter().all(|b| *b == created[0]), "responses differ");
     assert_eq!(created.len() + conflicts, 50);
     // After it finished everyone gets the replay.
-    let after = send(
-        &router,
-        req("POST", "/payments", Some("once"), r#"{"amount":5}"#, &[]),
-    )
-    .await;
+    let after = send(&router, post("once", r#"{"amount":5}"#)).await;
     assert!(after.replayed());
     assert_eq!(after.body, created[0]);
 }

@@ -1,7 +1,7 @@
 //! Reusing a key with a different request is rejected with 422.
 mod support;
 use axum::http::HeaderName;
-use support::{app, post, req, send, Harness};
+use support::{app, post, req, send, spawn_waiting, Harness};
 
 both_stores!(
     different_body_is_422,
@@ -67,14 +67,7 @@ async fn fingerprint_headers_count(h: Harness) {
 async fn different_fingerprint_while_in_progress_is_422(h: Harness) {
     let (router, state) = app(h.layer());
     let started = state.started.notified();
-    let r = router.clone();
-    let first = tokio::spawn(async move {
-        send(
-            &r,
-            req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")]),
-        )
-        .await
-    });
+    let first = spawn_waiting(&router, "k", "a");
     started.await;
     send(&router, post("k", "b")).await.assert_problem(422);
     state.proceed.notify_one();

@@ -1,7 +1,7 @@
 //! The same request while the first is still running gets 409 + Retry-After.
 mod support;
 use std::time::Duration;
-use support::{app, post, req, send, Harness};
+use support::{app, post, send, spawn_waiting, Harness};
 
 both_stores!(
     in_progress_is_409_with_retry_after,
@@ -11,14 +11,7 @@ both_stores!(
 async fn hold_and_probe(layer: tower_idempotency::IdempotencyLayer) -> support::Reply {
     let (router, state) = app(layer);
     let started = state.started.notified();
-    let r = router.clone();
-    let first = tokio::spawn(async move {
-        send(
-            &r,
-            req("POST", "/payments", Some("k"), "a", &[("x-wait", "1")]),
-        )
-        .await
-    });
+    let first = spawn_waiting(&router, "k", "a");
     started.await;
     let probe = send(&router, post("k", "a")).await;
     state.proceed.notify_one();

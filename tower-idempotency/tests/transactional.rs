@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post as post_route;
 use axum::{Extension, Router};
-use support::{post, req, send, Harness};
+use support::{post, req, send, spawn_waiting, Harness};
 use tokio::sync::Notify;
 use tower_idempotency::{IdempotencyLayer, IdempotencyTransaction, PostgresStore};
 
@@ -109,14 +109,7 @@ impl Setup {
 async fn claim_effect_and_response_commit_together() {
     let s = Setup::new().await;
     let started = s.app.started.notified();
-    let r = s.router.clone();
-    let first = tokio::spawn(async move {
-        send(
-            &r,
-            req("POST", "/payments", Some("k"), "10", &[("x-wait", "1")]),
-        )
-        .await
-    });
+    let first = spawn_waiting(&s.router, "k", "10");
     started.await;
     // While the handler runs, neither its claim nor its effect is visible:
     // they are in one uncommitted transaction.
@@ -207,16 +200,9 @@ async fn failures_roll_everything_back() {
 async fn a_dropped_request_rolls_back_and_its_retry_runs_once() {
     let s = Setup::new().await;
     let started = s.app.started.notified();
-    let r = s.router.clone();
     // The handler writes its effect, then waits; the client goes away
     // meanwhile (hyper drops the response future: here, the task's).
-    let first = tokio::spawn(async move {
-        send(
-            &r,
-            req("POST", "/payments", Some("gone"), "7", &[("x-wait", "1")]),
-        )
-        .await
-    });
+    let first = spawn_waiting(&s.router, "gone", "7");
     started.await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());

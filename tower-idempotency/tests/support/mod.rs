@@ -318,6 +318,14 @@ pub fn post(key: &str, body: &str) -> Request<Body> {
     req("POST", "/payments", Some(key), body, &[])
 }
 
+/// Sends `POST /payments` with `key` and `body` from a task of its own; its
+/// handler (`x-wait`) signals `started` and waits for `proceed`.
+pub fn spawn_waiting(router: &Router, key: &str, body: &str) -> tokio::task::JoinHandle<Reply> {
+    let router = router.clone();
+    let request = req("POST", "/payments", Some(key), body, &[("x-wait", "1")]);
+    tokio::spawn(async move { send(&router, request).await })
+}
+
 /// A response with its body collected.
 #[derive(Debug, Clone)]
 pub struct Reply {
