@@ -8,18 +8,16 @@
 //!
 //! `cargo bench --bench decision`
 
-use std::future::Future;
+mod support;
+
 use std::hint::black_box;
-use std::pin::pin;
 use std::sync::{Arc, Barrier};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use axum::http::Extensions;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rand::rngs::{SmallRng, StdRng};
 use rand::SeedableRng;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{
@@ -27,6 +25,7 @@ use reqwest_safe_retry::{
     Jitter, KeyGenerator, Outcome, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
     RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
 };
+use support::{block_on, Canned};
 
 fn backoff(jitter: Jitter) -> Backoff {
     Backoff::from_parts(
@@ -197,17 +196,6 @@ impl Sleeper for NoSleep {
     }
 }
 
-/// Polls a future that never waits (the sleeper returns at once).
-fn block_on<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
-
 fn engine(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine");
     for (name, budget) in [("no_budget", false), ("budget", true)] {
@@ -242,27 +230,6 @@ fn engine(c: &mut Criterion) {
         });
     }
     group.finish();
-}
-
-/// The end of a middleware chain: answers `200 ok` without a socket, so the
-/// `middleware` group prices the middlewares alone.
-struct Canned;
-
-#[async_trait::async_trait]
-impl Middleware for Canned {
-    async fn handle(
-        &self,
-        _req: reqwest::Request,
-        _extensions: &mut Extensions,
-        _next: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(
-            axum::http::Response::builder()
-                .status(200)
-                .body("ok")
-                .expect("a response"),
-        ))
-    }
 }
 
 fn middleware(c: &mut Criterion) {

@@ -13,41 +13,13 @@
 //! (`RetryMiddleware` with the default policy), `keygen` (no chain: one
 //! `IdempotencyKey::generate` per call).
 
-use std::future::Future;
-use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+mod support;
 
-use http::Extensions;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
-
-/// The end of the chain: `200 ok` without a socket.
-struct Canned;
-
-#[async_trait::async_trait]
-impl Middleware for Canned {
-    async fn handle(
-        &self,
-        _req: reqwest::Request,
-        _extensions: &mut Extensions,
-        _next: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(http::Response::new("ok")))
-    }
-}
-
-/// Polls a future that never waits (the chain has no I/O) to completion.
-fn block_on<F: Future>(f: F) -> F::Output {
-    let mut f = pin!(f);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return v;
-        }
-    }
-}
+use support::{block_on, Canned};
 
 fn chain(name: &str) -> Option<ClientWithMiddleware> {
     let builder = ClientBuilder::new(reqwest::Client::new());
