@@ -12,6 +12,9 @@
 //! difference: what the layer adds, in nanoseconds, with no HTTP parsing or
 //! socket in the way.
 
+mod support;
+use support::median;
+
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
@@ -83,16 +86,6 @@ async fn run(app: Router, tasks: usize, per_task: usize) -> Duration {
         h.await.expect("task");
     }
     start.elapsed() / (tasks * per_task) as u32
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
 }
 
 fn main() {

@@ -32,6 +32,9 @@
 //! tables `loadgen_payments` and `loadgen_keys`, a pool of `--pool`
 //! connections shared by the handler and the store.
 
+mod support;
+use support::median;
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
@@ -484,19 +487,6 @@ fn measure(
 
 fn micros(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    xs.sort_by(f64::total_cmp);
-    let n = xs.len();
-    if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
-    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
