@@ -244,15 +244,12 @@ impl AppState {
 /// `x-status` (default 201) with a JSON body `{"run": n, "body": "..."}`.
 /// Behaviour switches (request headers, not part of the fingerprint):
 /// `x-status: N`, `x-size: N` (body of N bytes), `x-wait` (wait for
-/// `proceed`), `x-delay-ms: N` (tokio sleep), `x-panic`.
+/// `proceed`), `x-panic`.
 async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if get("x-panic").is_some() {
         panic!("handler panicked on purpose");
-    }
-    if let Some(ms) = get("x-delay-ms").and_then(|v| v.parse().ok()) {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     if get("x-wait").is_some() {
         let proceed = state.proceed.notified();
