@@ -16,6 +16,10 @@
 //! * `none`: a trivial handler answering `201` with a small JSON body;
 //! * `memory`: the same handler behind `IdempotencyLayer` over `MemoryStore`;
 //! * `pg-none`: a handler inserting one row (autocommit, pooled), no layer;
+//! * `pg-tx-none`: the same insert in a transaction of the handler's own
+//!   (`BEGIN`, `INSERT`, `COMMIT`), no layer: what any design that commits
+//!   the handler's write together with something else pays before the
+//!   layer adds its claim and its stored response;
 //! * `pg-two-phase`: that handler behind the layer over `PostgresStore`;
 //! * `pg-transactional`: the handler inserting its row through the request's
 //!   `IdempotencyTransaction`, behind `IdempotencyLayer::transactional`.
@@ -71,16 +75,19 @@ enum Mode {
     NoneSpawn,
     Memory,
     PgNone,
+    /// Diagnostic: the insert in a transaction of the handler's own.
+    PgTxNone,
     PgTwoPhase,
     PgTransactional,
 }
 
 impl Mode {
-    const ALL: [Mode; 6] = [
+    const ALL: [Mode; 7] = [
         Mode::None,
         Mode::NoneSpawn,
         Mode::Memory,
         Mode::PgNone,
+        Mode::PgTxNone,
         Mode::PgTwoPhase,
         Mode::PgTransactional,
     ];
@@ -91,6 +98,7 @@ impl Mode {
             Mode::NoneSpawn => "none-spawn",
             Mode::Memory => "memory",
             Mode::PgNone => "pg-none",
+            Mode::PgTxNone => "pg-tx-none",
             Mode::PgTwoPhase => "pg-two-phase",
             Mode::PgTransactional => "pg-transactional",
         }
@@ -101,14 +109,14 @@ impl Mode {
         match self {
             Mode::None | Mode::PgNone => None,
             Mode::Memory | Mode::NoneSpawn => Some(Mode::None),
-            Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
+            Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
         }
     }
 
     fn needs_pg(self) -> bool {
         matches!(
             self,
-            Mode::PgNone | Mode::PgTwoPhase | Mode::PgTransactional
+            Mode::PgNone | Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTransactional
         )
     }
 }
@@ -234,6 +242,26 @@ async fn pay_pg(State(pool): State<PgPool>, headers: HeaderMap, body: Bytes) -> 
     }
 }
 
+async fn pay_pg_own_tx(State(pool): State<PgPool>, headers: HeaderMap, body: Bytes) -> Answer {
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let insert = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query(&insert_sql())
+            .bind(key_of(&headers))
+            .bind(body)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    };
+    match insert.await {
+        Ok(()) => created(),
+        Err(err) => {
+            eprintln!("pg insert in the handler's transaction: {err}");
+            failed()
+        }
+    }
+}
+
 async fn pay_pg_tx(
     Extension(tx): Extension<IdempotencyTransaction>,
     headers: HeaderMap,
@@ -276,6 +304,12 @@ fn router(mode: Mode, pg: Option<&PostgresStore>) -> Result<Router, String> {
             let store = need()?;
             Router::new()
                 .route("/pay", post(pay_pg))
+                .with_state(store.pool().clone())
+        }
+        Mode::PgTxNone => {
+            let store = need()?;
+            Router::new()
+                .route("/pay", post(pay_pg_own_tx))
                 .with_state(store.pool().clone())
         }
         Mode::PgTwoPhase => {
