@@ -19,6 +19,8 @@ use tower_service::Service;
 use crate::config::{Config, IdempotencyLayerBuilder};
 use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
 use crate::problem::{problem, ProblemKind};
+use crate::inline::Detach;
+use crate::keeper::LeaseKeeper;
 use crate::run::process;
 use crate::store::{IdempotencyStore, LeaseToken};
 
@@ -84,6 +86,7 @@ impl IdempotencyContext {
 pub struct IdempotencyLayer {
     store: Arc<dyn IdempotencyStore>,
     config: Arc<Config>,
+    keeper: Arc<LeaseKeeper>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -149,7 +152,12 @@ impl IdempotencyLayer {
     }
 
     pub(crate) fn from_parts(store: Arc<dyn IdempotencyStore>, config: Arc<Config>) -> Self {
-        Self { store, config }
+        let keeper = Arc::new(LeaseKeeper::new(store.clone(), config.heartbeat_every));
+        Self {
+            store,
+            config,
+            keeper,
+        }
     }
 
     /// The store this layer uses.
@@ -173,6 +181,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             inner,
             store: self.store.clone(),
             config: self.config.clone(),
+            keeper: self.keeper.clone(),
         }
     }
 }
@@ -186,8 +195,9 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// # Cancellation
 ///
 /// Once the request body is read, the rest (claim, handler, storing the
-/// response) runs in a spawned task: dropping the response future (the
-/// client went away) neither cancels the handler nor frees its key.
+/// response) runs in the response future, but dropping that future (the
+/// client went away) neither cancels the handler nor frees its key: the
+/// unfinished rest is spawned onto the runtime and runs to its end.
 ///
 /// In PostgreSQL's transactional mode
 /// ([`IdempotencyLayer::transactional`]) the request runs in the response
@@ -199,6 +209,7 @@ pub struct IdempotencyService<S> {
     inner: S,
     store: Arc<dyn IdempotencyStore>,
     config: Arc<Config>,
+    keeper: Arc<LeaseKeeper>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for IdempotencyService<S> {
@@ -267,6 +278,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         let store = self.store.clone();
+        let keeper = self.keeper.clone();
 
         if !config.methods.contains(req.method()) {
             return Box::pin(inner.call(req));
@@ -304,10 +316,12 @@ where
             if let Some(pg) = config.transactional.clone() {
                 return crate::transactional::process(inner, pg, config, parts, body, key).await;
             }
-            // From here on the work runs in a task the connection does not
-            // own: once a handler has started, a client that disconnects
-            // (hyper drops this future) neither cancels it nor frees its
-            // key, and its response is stored for the retry.
+            // From here on nothing is cancelled by the client: the rest
+            // runs here, in the response future, and if hyper drops that
+            // future (the client went away) `Detach` hands the rest to a
+            // task of its own, so the handler is never cancelled, its key
+            // never freed, and its response is stored for the retry. The
+            // common path pays no spawn and no hand-over between threads.
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return Ok(problem(
                     ProblemKind::Internal,
@@ -315,14 +329,22 @@ where
                     None,
                 ));
             };
-            let task = runtime.spawn(process(inner, store, config, parts, body, key));
-            match task.await {
-                Ok(result) => result,
-                // `process` catches the handler's panics; this is the runtime
-                // shutting down and cancelling the task.
-                Err(_) => Ok(problem(
+            let rest = process(
+                inner,
+                store,
+                keeper,
+                runtime.clone(),
+                config,
+                parts,
+                body,
+                key,
+            );
+            match Detach::new(rest, runtime).await {
+                Some(result) => result,
+                // Unreachable: a `Detach` is awaited once.
+                None => Ok(problem(
                     ProblemKind::Internal,
-                    "the server is shutting down",
+                    "the request was already answered",
                     None,
                 )),
             }

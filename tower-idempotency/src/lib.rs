@@ -146,6 +146,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod config;
+mod inline;
+mod keeper;
 mod key;
 mod layer;
 mod memory;

@@ -9,7 +9,6 @@
 //! started (a panic, an error, a response too large to keep, a store that
 //! fails) leaves the key completed, so a retry can never run it twice.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +17,12 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::runtime::Handle;
 use tower_service::Service;
 
 use crate::config::Config;
+use crate::inline::{catch_unwind, Panicked};
+use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
@@ -32,11 +34,16 @@ const COMPLETE_ATTEMPTS: u32 = 3;
 /// Pause before the second attempt; doubled for each further one.
 const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Runs a keyed request whose body has been read. Spawned by the service, so
-/// nothing here is cancelled when the client goes away.
+/// Runs a keyed request whose body has been read. Polled in the response
+/// future inside [`Detach`](crate::inline::Detach): if the client goes away
+/// once the body is read, the rest still runs to its end in a task of its
+/// own, so it is never cancelled by a disconnect.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn process<S, ReqBody, ResBody>(
     inner: S,
     store: Arc<dyn IdempotencyStore>,
+    keeper: Arc<LeaseKeeper>,
+    runtime: Handle,
     config: Arc<Config>,
     mut parts: Parts,
     body: Bytes,
@@ -70,15 +77,20 @@ where
         .insert(IdempotencyContext::new(&scope, &key, lease));
     let claim = Claim {
         store,
-        scope,
-        key,
-        lease,
+        kept: Arc::new(Kept::new(scope, key, lease, &runtime)),
     };
-    let request = Request::from_parts(parts, ReqBody::from(body));
-    tokio::select! {
-        done = run_claimed(inner, request, &claim, &config) => done,
-        never = claim.keep_alive(config.heartbeat_every) => match never {},
+    // Extended from the keeper's tasks, not this one: the handler runs
+    // inline below and may block this task's thread.
+    let keeping = keeper.keep(claim.kept.clone(), &runtime);
+    if keeping.started_ticker {
+        // Let the new ticker be polled before the handler can block this
+        // thread (see `LeaseKeeper::keep`).
+        tokio::task::yield_now().await;
     }
+    let request = Request::from_parts(parts, ReqBody::from(body));
+    let done = run_claimed(inner, request, &claim, &config).await;
+    drop(keeping);
+    done
 }
 
 /// The lease, or the answer when the key is not ours to run.
@@ -144,13 +156,10 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // A task of its own, for two reasons: a panic in the handler ends there
-    // and we can still record that the handler started; and the heartbeat
-    // (polled by this task, beside this future) keeps running on another
-    // worker even while a handler blocks its thread, so a live but blocking
-    // handler never loses its lease. Catching the panic in this task instead
-    // would save a spawn per request and lose the second property.
-    let response = match tokio::spawn(inner.call(request)).await {
+    // Inline, in this task: a panic is caught here, and the lease is kept
+    // alive by the keeper's tasks, so a handler blocking this thread still
+    // keeps it (tests/blocking_handler.rs).
+    let response = match catch_unwind(|| inner.call(request)).await {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
             claim
@@ -160,16 +169,10 @@ where
                 .await;
             return Err(err);
         }
-        Err(join) => {
-            let what = if join.is_panic() {
-                "panicked"
-            } else {
-                "was cancelled"
-            };
-            let detail = format!(
-                "the handler {what} after it started; whether its effect happened is unknown"
-            );
-            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        Err(Panicked) => {
+            let detail =
+                "the handler panicked after it started; whether its effect happened is unknown";
+            return Ok(to_response(claim.leave_marker(detail).await, false));
         }
     };
     if config.release_statuses.contains(&response.status()) {
@@ -212,36 +215,10 @@ where
 /// A key this request owns.
 struct Claim {
     store: Arc<dyn IdempotencyStore>,
-    scope: String,
-    key: String,
-    lease: LeaseToken,
+    kept: Arc<Kept>,
 }
 
 impl Claim {
-    /// Extends the lease every `every`, for as long as it is polled (the
-    /// handler lives); stops extending once the lease is lost.
-    async fn keep_alive(&self, every: Duration) -> Infallible {
-        loop {
-            tokio::time::sleep(every).await;
-            match self
-                .store
-                .extend_lease(&self.scope, &self.key, self.lease)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Completed by the handler in its own transaction, or
-                    // taken over after heartbeats kept failing.
-                    tracing::debug!(key = self.key, "idempotency lease no longer held");
-                    return std::future::pending().await;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, key = self.key, "extending an idempotency lease failed")
-                }
-            }
-        }
-    }
-
     /// Stores `response`, retrying a failing store a few times (the lease is
     /// kept alive meanwhile). `true` once stored, or once the lease is no
     /// longer ours (the handler completed the key itself, in its
@@ -251,19 +228,19 @@ impl Claim {
         for attempt in 1..=COMPLETE_ATTEMPTS {
             match self
                 .store
-                .complete(&self.scope, &self.key, self.lease, response)
+                .complete(&self.kept.scope, &self.kept.key, self.kept.lease, response)
                 .await
             {
                 Ok(true) => return true,
                 Ok(false) => {
                     tracing::debug!(
-                        key = self.key,
+                        key = self.kept.key,
                         "idempotency key already completed by the handler or taken over"
                     );
                     return true;
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, key = self.key, attempt, "storing an idempotent response failed");
+                    tracing::warn!(error = %err, key = self.kept.key, attempt, "storing an idempotent response failed");
                     if attempt < COMPLETE_ATTEMPTS {
                         tokio::time::sleep(pause).await;
                         pause = pause.saturating_mul(2);
@@ -279,11 +256,11 @@ impl Claim {
     /// lock times out, after which a retry runs the handler again: logged
     /// as an error.
     async fn leave_marker(&self, detail: &str) -> StoredResponse {
-        tracing::error!(key = self.key, detail, "idempotent response not retained");
+        tracing::error!(key = self.kept.key, detail, "idempotent response not retained");
         let marker = marker(detail);
         if !self.complete(&marker).await {
             tracing::error!(
-                key = self.key,
+                key = self.kept.key,
                 "storing the not-retained marker failed; the key frees after the lock timeout"
             );
         }
@@ -292,8 +269,8 @@ impl Claim {
 
     /// Frees the key: the handler did no work.
     async fn release(&self) {
-        if let Err(err) = self.store.release(&self.scope, &self.key, self.lease).await {
-            tracing::warn!(error = %err, key = self.key, "releasing an idempotency key failed; it frees after the lock timeout");
+        if let Err(err) = self.store.release(&self.kept.scope, &self.kept.key, self.kept.lease).await {
+            tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
         }
     }
 }
