@@ -67,20 +67,34 @@ impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for Detach<F> {
 #[derive(Debug)]
 pub(crate) struct Panicked;
 
-/// Calls `call` and polls the future it returns, turning a panic of either
+/// Calls `call` and awaits the future it returns, turning a panic in either
 /// into `Err(Panicked)`. After a panic the future is dropped, never polled
-/// again.
+/// again, so nothing observes state the panic left half-updated
+/// (`AssertUnwindSafe`).
 pub(crate) async fn catch_unwind<F: Future>(
     call: impl FnOnce() -> F,
 ) -> Result<F::Output, Panicked> {
-    let future = panic::catch_unwind(AssertUnwindSafe(call)).map_err(|_| Panicked)?;
+    let future = call_catching(call)?;
     let mut future = pin!(future);
-    poll_fn(
-        |cx| match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => Poll::Ready(Err(Panicked)),
-        },
-    )
-    .await
+    poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
+}
+
+/// `call()`, or `Err(Panicked)` if it panicked.
+pub(crate) fn call_catching<F>(call: impl FnOnce() -> F) -> Result<F, Panicked> {
+    panic::catch_unwind(AssertUnwindSafe(call)).map_err(|_| Panicked)
+}
+
+/// Polls `future`, turning a panic into `Ready(Err(Panicked))`; the caller
+/// must not poll it again after that. The pieces of [`catch_unwind`], for
+/// a caller that pins the future in its own state rather than in one more
+/// nested future (which would hold the handler's arguments once more).
+pub(crate) fn poll_catching<F: Future>(
+    future: Pin<&mut F>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<F::Output, Panicked>> {
+    match panic::catch_unwind(AssertUnwindSafe(|| future.poll(cx))) {
+        Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
+        Ok(Poll::Pending) => Poll::Pending,
+        Err(_) => Poll::Ready(Err(Panicked)),
+    }
 }

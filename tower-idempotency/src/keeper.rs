@@ -19,8 +19,8 @@
 //! extend stops, and the next registration starts it again.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Id};
@@ -248,10 +248,7 @@ async fn tick(keeper: Weak<LeaseKeeper>, runtime: Id, every: Duration) {
 
 /// Extends one lease; stops extending it once the store says it is lost.
 async fn extend(store: Arc<dyn IdempotencyStore>, kept: Arc<Kept>) {
-    match store
-        .extend_lease(&kept.scope, &kept.key, kept.lease)
-        .await
-    {
+    match store.extend_lease(&kept.scope, &kept.key, kept.lease).await {
         Ok(true) => {}
         Ok(false) => {
             // Completed by the handler in its own transaction, settled a

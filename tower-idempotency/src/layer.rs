@@ -312,9 +312,16 @@ where
             // away (hyper drops this future) rolls it back: no effect, no
             // key, and the retry runs the request once. Running it here
             // saves a spawn and a hand-over between threads per request.
+            // Boxed: held inline, its ~3 KB would make every request's
+            // response future that large, in both modes.
             #[cfg(feature = "postgres")]
             if let Some(pg) = config.transactional.clone() {
-                return crate::transactional::process(inner, pg, config, parts, body, key).await;
+                // (Boxed in the `let`: a named unboxed future would keep
+                // its storage in this one until the end of the block.)
+                let rest = Box::pin(crate::transactional::process(
+                    inner, pg, config, parts, body, key,
+                ));
+                return rest.await;
             }
             // From here on nothing is cancelled by the client: the rest
             // runs here, in the response future, and if hyper drops that
@@ -329,17 +336,21 @@ where
                     None,
                 ));
             };
-            let rest = process(
-                inner,
-                store,
-                keeper,
-                runtime.clone(),
-                config,
-                parts,
-                body,
-                key,
+            // Built and boxed in one statement, for the same reason.
+            let rest = Detach::new(
+                process(
+                    inner,
+                    store,
+                    keeper,
+                    runtime.clone(),
+                    config,
+                    parts,
+                    body,
+                    key,
+                ),
+                runtime,
             );
-            match Detach::new(rest, runtime).await {
+            match rest.await {
                 Some(result) => result,
                 // Unreachable: a `Detach` is awaited once.
                 None => Ok(problem(

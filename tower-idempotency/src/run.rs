@@ -9,6 +9,8 @@
 //! started (a panic, an error, a response too large to keep, a store that
 //! fails) leaves the key completed, so a retry can never run it twice.
 
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,7 +23,7 @@ use tokio::runtime::Handle;
 use tower_service::Service;
 
 use crate::config::Config;
-use crate::inline::{catch_unwind, Panicked};
+use crate::inline::{call_catching, poll_catching, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
@@ -38,9 +40,14 @@ const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
 /// future inside [`Detach`](crate::inline::Detach): if the client goes away
 /// once the body is read, the rest still runs to its end in a task of its
 /// own, so it is never cancelled by a disconnect.
+///
+/// A plain function returning an `async move` block rather than an `async
+/// fn`: the block uses its captured arguments in place, where an `async fn`
+/// would copy each into a local and hold both (~350 bytes more in every
+/// request's boxed future).
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn process<S, ReqBody, ResBody>(
-    inner: S,
+pub(crate) fn process<S, ReqBody, ResBody>(
+    mut inner: S,
     store: Arc<dyn IdempotencyStore>,
     keeper: Arc<LeaseKeeper>,
     runtime: Handle,
@@ -48,7 +55,7 @@ pub(crate) async fn process<S, ReqBody, ResBody>(
     mut parts: Parts,
     body: Bytes,
     key: String,
-) -> Result<Response<ResBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -57,40 +64,53 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-    let scope = config.scope.stored_scope(&parts);
-    let claimed = store
-        .claim(ClaimRequest {
-            scope: &scope,
-            key: &key,
-            fingerprint,
-            lock_timeout: config.lock_timeout,
-            ttl: config.expiry,
-        })
-        .await;
-    let lease = match answer_without_running(claimed, &config) {
-        Ok(lease) => lease,
-        Err(answer) => return Ok(answer),
-    };
-    parts
-        .extensions
-        .insert(IdempotencyContext::new(&scope, &key, lease));
-    let claim = Claim {
-        store,
-        kept: Arc::new(Kept::new(scope, key, lease, &runtime)),
-    };
-    // Extended from the keeper's tasks, not this one: the handler runs
-    // inline below and may block this task's thread.
-    let keeping = keeper.keep(claim.kept.clone(), &runtime);
-    if keeping.started_ticker {
-        // Let the new ticker be polled before the handler can block this
-        // thread (see `LeaseKeeper::keep`).
-        tokio::task::yield_now().await;
+    async move {
+        let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
+        let scope = config.scope.stored_scope(&parts);
+        let claimed = store
+            .claim(ClaimRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint,
+                lock_timeout: config.lock_timeout,
+                ttl: config.expiry,
+            })
+            .await;
+        let lease = match answer_without_running(claimed, &config) {
+            Ok(lease) => lease,
+            Err(answer) => return Ok(answer),
+        };
+        parts
+            .extensions
+            .insert(IdempotencyContext::new(&scope, &key, lease));
+        let claim = Claim {
+            store,
+            kept: Arc::new(Kept::new(scope, key, lease, &runtime)),
+        };
+        // Extended from the keeper's tasks, not this one: the handler runs
+        // inline below and may block this task's thread.
+        let keeping = keeper.keep(claim.kept.clone(), &runtime);
+        if keeping.started_ticker {
+            // Let the new ticker be polled before the handler can block this
+            // thread (see `LeaseKeeper::keep`).
+            tokio::task::yield_now().await;
+        }
+        // Inline, in this task: a panic is caught here, and the lease is kept
+        // alive by the keeper's tasks, so a handler blocking this thread still
+        // keeps it (tests/blocking_handler.rs). The handler's future is pinned
+        // right here, not in a nested future that would hold the request twice.
+        let request = Request::from_parts(parts, ReqBody::from(body));
+        let outcome = match call_catching(|| inner.call(request)) {
+            Ok(future) => {
+                let mut future = pin!(future);
+                poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
+            }
+            Err(panicked) => Err(panicked),
+        };
+        let done = settle(outcome, &claim, &config).await;
+        drop(keeping);
+        done
     }
-    let request = Request::from_parts(parts, ReqBody::from(body));
-    let done = run_claimed(inner, request, &claim, &config).await;
-    drop(keeping);
-    done
 }
 
 /// The lease, or the answer when the key is not ours to run.
@@ -142,24 +162,18 @@ pub(crate) fn store_error_answer<B: From<Bytes>>(
     }
 }
 
-/// Runs the handler for a claimed key and settles the claim.
-async fn run_claimed<S, ReqBody, ResBody>(
-    mut inner: S,
-    request: Request<ReqBody>,
+/// Settles the claim with what the handler did: stores its response, frees
+/// the key, or leaves the marker.
+async fn settle<ResBody, E>(
+    outcome: Result<Result<Response<ResBody>, E>, Panicked>,
     claim: &Claim,
     config: &Config,
-) -> Result<Response<ResBody>, S::Error>
+) -> Result<Response<ResBody>, E>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // Inline, in this task: a panic is caught here, and the lease is kept
-    // alive by the keeper's tasks, so a handler blocking this thread still
-    // keeps it (tests/blocking_handler.rs).
-    let response = match catch_unwind(|| inner.call(request)).await {
+    let response = match outcome {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
             claim
@@ -224,28 +238,45 @@ impl Claim {
     /// longer ours (the handler completed the key itself, in its
     /// transaction, or the claim was taken over).
     async fn complete(&self, response: &StoredResponse) -> bool {
+        match self.try_complete(response, 1).await {
+            Some(done) => done,
+            // Retries (with their timer) live in a box: held inline, they
+            // would make every request's future larger.
+            None => Box::pin(self.complete_retrying(response)).await,
+        }
+    }
+
+    /// Attempts `attempt` to store `response`; `None` if the store failed.
+    async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<bool> {
+        let kept = &self.kept;
+        match self
+            .store
+            .complete(&kept.scope, &kept.key, kept.lease, response)
+            .await
+        {
+            Ok(true) => Some(true),
+            Ok(false) => {
+                tracing::debug!(
+                    key = kept.key,
+                    "idempotency key already completed by the handler or taken over"
+                );
+                Some(true)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
+                None
+            }
+        }
+    }
+
+    /// The attempts after a failed first one, with a growing pause.
+    async fn complete_retrying(&self, response: &StoredResponse) -> bool {
         let mut pause = COMPLETE_BACKOFF;
-        for attempt in 1..=COMPLETE_ATTEMPTS {
-            match self
-                .store
-                .complete(&self.kept.scope, &self.kept.key, self.kept.lease, response)
-                .await
-            {
-                Ok(true) => return true,
-                Ok(false) => {
-                    tracing::debug!(
-                        key = self.kept.key,
-                        "idempotency key already completed by the handler or taken over"
-                    );
-                    return true;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, key = self.kept.key, attempt, "storing an idempotent response failed");
-                    if attempt < COMPLETE_ATTEMPTS {
-                        tokio::time::sleep(pause).await;
-                        pause = pause.saturating_mul(2);
-                    }
-                }
+        for attempt in 2..=COMPLETE_ATTEMPTS {
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+            if let Some(done) = self.try_complete(response, attempt).await {
+                return done;
             }
         }
         false
@@ -255,21 +286,37 @@ impl Claim {
     /// returns it. If even that fails the key stays in progress until its
     /// lock times out, after which a retry runs the handler again: logged
     /// as an error.
-    async fn leave_marker(&self, detail: &str) -> StoredResponse {
-        tracing::error!(key = self.kept.key, detail, "idempotent response not retained");
-        let marker = marker(detail);
-        if !self.complete(&marker).await {
+    ///
+    /// Boxed: a rare path, whose future would otherwise be held inline by
+    /// every request's.
+    fn leave_marker<'a>(
+        &'a self,
+        detail: &'a str,
+    ) -> Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>> {
+        Box::pin(async move {
             tracing::error!(
                 key = self.kept.key,
-                "storing the not-retained marker failed; the key frees after the lock timeout"
+                detail,
+                "idempotent response not retained"
             );
-        }
-        marker
+            let marker = marker(detail);
+            if !self.complete(&marker).await {
+                tracing::error!(
+                    key = self.kept.key,
+                    "storing the not-retained marker failed; the key frees after the lock timeout"
+                );
+            }
+            marker
+        })
     }
 
     /// Frees the key: the handler did no work.
     async fn release(&self) {
-        if let Err(err) = self.store.release(&self.kept.scope, &self.kept.key, self.kept.lease).await {
+        if let Err(err) = self
+            .store
+            .release(&self.kept.scope, &self.kept.key, self.kept.lease)
+            .await
+        {
             tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
         }
     }

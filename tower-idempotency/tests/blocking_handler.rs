@@ -33,7 +33,10 @@ async fn blocking_handler(State(state): State<Blocking>, body: Bytes) -> (Status
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .recv();
-    (StatusCode::CREATED, format!("run {run}: {}", String::from_utf8_lossy(&body)))
+    (
+        StatusCode::CREATED,
+        format!("run {run}: {}", String::from_utf8_lossy(&body)),
+    )
 }
 
 async fn blocking_handler_keeps_its_lease(h: Harness) {
