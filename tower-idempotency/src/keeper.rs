@@ -30,13 +30,13 @@ use crate::store::{IdempotencyStore, LeaseToken};
 /// Slab shards: registrations on different threads rarely meet on a lock.
 const SHARDS: usize = 8;
 
-/// A claim this server holds: what extending its lease needs.
+/// A claim this server holds: what extending its lease needs. Shared by
+/// the request, the keeper and the handler's
+/// [`IdempotencyContext`](crate::IdempotencyContext) (one allocation).
 pub(crate) struct Kept {
     pub(crate) scope: String,
     pub(crate) key: String,
     pub(crate) lease: LeaseToken,
-    /// The runtime that extends it.
-    runtime: Id,
     /// An extension is under way: the next tick leaves this lease alone.
     extending: AtomicBool,
     /// The store said the lease is no longer ours: extending stops.
@@ -44,12 +44,11 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    pub(crate) fn new(scope: String, key: String, lease: LeaseToken, runtime: &Handle) -> Self {
+    pub(crate) fn new(scope: String, key: String, lease: LeaseToken) -> Self {
         Self {
             scope,
             key,
             lease,
-            runtime: runtime.id(),
             extending: AtomicBool::new(false),
             lost: AtomicBool::new(false),
         }
@@ -58,7 +57,8 @@ impl Kept {
 
 #[derive(Default)]
 struct Shard {
-    slots: Vec<Option<Arc<Kept>>>,
+    /// Each lease with the runtime that extends it.
+    slots: Vec<Option<(Id, Arc<Kept>)>>,
     free: Vec<usize>,
 }
 
@@ -106,7 +106,7 @@ impl LeaseKeeper {
     /// lease of the runtime. Once the ticker has been polled it waits on its
     /// timer, which any worker drives.
     pub(crate) fn keep(self: &Arc<Self>, kept: Arc<Kept>, runtime: &Handle) -> Keeping<'_> {
-        let id = kept.runtime;
+        let id = runtime.id();
         // Lease tokens are unique per claim: their low bits spread the
         // registrations over the shards without a shared counter.
         let shard = (kept.lease.0.as_u64_pair().1 as usize) % SHARDS;
@@ -114,11 +114,11 @@ impl LeaseKeeper {
             let mut s = lock(&self.shards[shard]);
             match s.free.pop() {
                 Some(slot) => {
-                    s.slots[slot] = Some(kept);
+                    s.slots[slot] = Some((id, kept));
                     slot
                 }
                 None => {
-                    s.slots.push(Some(kept));
+                    s.slots.push(Some((id, kept)));
                     s.slots.len() - 1
                 }
             }
@@ -148,7 +148,7 @@ impl LeaseKeeper {
                 .slots
                 .iter()
                 .flatten()
-                .any(|k| k.runtime == runtime)
+                .any(|(id, _)| *id == runtime)
         })
     }
 
@@ -158,8 +158,8 @@ impl LeaseKeeper {
         let mut due = Vec::new();
         let mut any = false;
         for shard in &self.shards {
-            for kept in lock(shard).slots.iter().flatten() {
-                if kept.runtime != runtime {
+            for (id, kept) in lock(shard).slots.iter().flatten() {
+                if *id != runtime {
                     continue;
                 }
                 any = true;

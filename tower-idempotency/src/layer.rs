@@ -17,10 +17,10 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::config::{Config, IdempotencyLayerBuilder};
+use crate::inline::Detach;
+use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
 use crate::problem::{problem, ProblemKind};
-use crate::inline::Detach;
-use crate::keeper::LeaseKeeper;
 use crate::run::process;
 use crate::store::{IdempotencyStore, LeaseToken};
 
@@ -38,39 +38,57 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// (axum: `Extension<IdempotencyContext>`). A handler that writes to
 /// PostgreSQL can pass it to `PostgresStore::complete_in_tx` to store the
 /// response in the same transaction as its own effects.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct IdempotencyContext {
-    scope: String,
-    key: String,
-    lease: LeaseToken,
+    /// Shared with the layer's own record of the claim: handing the context
+    /// to the handler copies no string.
+    kept: Arc<Kept>,
 }
 
 impl IdempotencyContext {
     /// Creates a context (the layer does this; useful in tests).
     pub fn new(scope: impl Into<String>, key: impl Into<String>, lease: LeaseToken) -> Self {
-        Self {
-            scope: scope.into(),
-            key: key.into(),
-            lease,
-        }
+        Self::from_kept(Arc::new(Kept::new(scope.into(), key.into(), lease)))
+    }
+
+    pub(crate) fn from_kept(kept: Arc<Kept>) -> Self {
+        Self { kept }
     }
 
     /// The scope the key is stored under (a digest of the caller identity,
     /// see [`IdempotencyLayer::stored_scope`]).
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.kept.scope
     }
 
     /// The idempotency key (unquoted).
     pub fn key(&self) -> &str {
-        &self.key
+        &self.kept.key
     }
 
     /// The lease proving this request owns the claim.
     pub fn lease(&self) -> LeaseToken {
-        self.lease
+        self.kept.lease
     }
 }
+
+impl fmt::Debug for IdempotencyContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyContext")
+            .field("scope", &self.scope())
+            .field("key", &self.key())
+            .field("lease", &self.lease())
+            .finish()
+    }
+}
+
+impl PartialEq for IdempotencyContext {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope() == other.scope() && self.key() == other.key() && self.lease() == other.lease()
+    }
+}
+
+impl Eq for IdempotencyContext {}
 
 /// A tower [`Layer`] that makes `POST`/`PATCH` handlers idempotent with the
 /// `Idempotency-Key` header.

@@ -80,13 +80,11 @@ where
             Ok(lease) => lease,
             Err(answer) => return Ok(answer),
         };
+        let kept = Arc::new(Kept::new(scope, key, lease));
         parts
             .extensions
-            .insert(IdempotencyContext::new(&scope, &key, lease));
-        let claim = Claim {
-            store,
-            kept: Arc::new(Kept::new(scope, key, lease, &runtime)),
-        };
+            .insert(IdempotencyContext::from_kept(kept.clone()));
+        let claim = Claim { store, kept };
         // Extended from the keeper's tasks, not this one: the handler runs
         // inline below and may block this task's thread.
         let keeping = keeper.keep(claim.kept.clone(), &runtime);
