@@ -58,12 +58,14 @@
 //!
 //! # After the handler started
 //!
-//! The claimed request runs in a spawned task (except in PostgreSQL's
+//! The claimed request runs in the response future, and is handed to a task
+//! of its own if that future is dropped (except in PostgreSQL's
 //! transactional mode, see below): a client that disconnects
 //! (a client-side timeout) cancels nothing and frees nothing; a retry gets
 //! `409` while the handler works and the replay afterwards. While it runs,
-//! the layer extends the claim's lease (a heartbeat every third of the lock
-//! timeout), so a live handler is never taken over, however slow.
+//! the layer extends the claim's lease from tasks of its own (a heartbeat
+//! every third of the lock timeout), so a live handler is never taken over,
+//! however slow, even one that blocks its thread.
 //!
 //! A key is freed only when the handler provably did no work: the
 //! request-validation statuses `400`, `415` and `422` (configurable with

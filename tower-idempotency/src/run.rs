@@ -45,7 +45,8 @@ const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
 /// fn`: the block uses its captured arguments in place, where an `async fn`
 /// would copy each into a local and hold both (~350 bytes more in every
 /// request's boxed future).
-#[allow(clippy::too_many_arguments)]
+// The layout is the point (see above), not an oversight.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
 pub(crate) fn process<S, ReqBody, ResBody>(
     mut inner: S,
     store: Arc<dyn IdempotencyStore>,
