@@ -4,9 +4,9 @@
 //! client went away), and [`catch_unwind`] turns a handler's panic into a
 //! value, as a task's `JoinError` did.
 
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::panic::{self, AssertUnwindSafe};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio::runtime::Handle;
@@ -41,12 +41,18 @@ impl<F: Future<Output: Send + 'static> + Send + 'static> Future for Detach<F> {
         let Some(future) = self.future.as_mut() else {
             return Poll::Ready(None);
         };
-        match future.as_mut().poll(cx) {
-            Poll::Ready(output) => {
+        match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(output)) => {
                 self.future = None;
                 Poll::Ready(Some(output))
             }
-            Poll::Pending => Poll::Pending,
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => {
+                // A future that panicked must not be polled again: forget
+                // it, so that the drop during the unwind spawns nothing.
+                self.future = None;
+                panic::resume_unwind(payload)
+            }
         }
     }
 }
@@ -68,15 +74,16 @@ impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for Detach<F> {
 pub(crate) struct Panicked;
 
 /// Calls `call` and awaits the future it returns, turning a panic in either
-/// into `Err(Panicked)`. After a panic the future is dropped, never polled
+/// into `Err(Panicked)` (the transactional mode's handler). After a panic the future is dropped, never polled
 /// again, so nothing observes state the panic left half-updated
 /// (`AssertUnwindSafe`).
+#[cfg(feature = "postgres")]
 pub(crate) async fn catch_unwind<F: Future>(
     call: impl FnOnce() -> F,
 ) -> Result<F::Output, Panicked> {
     let future = call_catching(call)?;
-    let mut future = pin!(future);
-    poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
 }
 
 /// `call()`, or `Err(Panicked)` if it panicked.

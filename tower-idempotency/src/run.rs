@@ -12,6 +12,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -101,8 +102,20 @@ where
         let request = Request::from_parts(parts, ReqBody::from(body));
         let outcome = match call_catching(|| inner.call(request)) {
             Ok(future) => {
-                let mut future = pin!(future);
-                poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
+                let mut future = pin!(Some(future));
+                let outcome = poll_fn(|cx| match future.as_mut().as_pin_mut() {
+                    Some(running) => poll_catching(running, cx),
+                    // Set to `None` only below, after this has returned.
+                    None => Poll::Ready(Err(Panicked)),
+                })
+                .await;
+                // Dropped here, where a panic in its destructor is caught as
+                // well: the handler started, so that panic too must leave the
+                // marker rather than unwind past the claim.
+                match call_catching(|| future.as_mut().set(None)) {
+                    Ok(()) => outcome,
+                    Err(panicked) => Err(panicked),
+                }
             }
             Err(panicked) => Err(panicked),
         };
@@ -193,9 +206,20 @@ where
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match Limited::new(body, config.max_response_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) => {
+    // The body is the handler's code too: a stream that panics leaves the
+    // marker instead of unwinding past the claim.
+    let mut collecting = pin!(Limited::new(body, config.max_response_body).collect());
+    let collected = poll_fn(|cx| poll_catching(collecting.as_mut(), cx)).await;
+    let body = match collected {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Err(Panicked) => {
+            let detail = format!(
+                "the handler completed with status {} but its response body panicked",
+                parts.status.as_u16()
+            );
+            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        }
+        Ok(Err(err)) => {
             let detail = if err.is::<LengthLimitError>() {
                 format!(
                     "the handler completed with status {} but its response is larger than the \
