@@ -131,7 +131,15 @@ impl LeaseKeeper {
         if started_ticker {
             tickers.push(id);
             drop(tickers);
-            drop(runtime.spawn(tick(Arc::downgrade(self), id, self.every)));
+            // The guard exists before the task is first polled: a ticker
+            // dropped unpolled (its runtime shutting down) still takes its
+            // runtime off the list.
+            let ticking = Ticking {
+                keeper: Arc::downgrade(self),
+                runtime: id,
+                stopped: false,
+            };
+            drop(runtime.spawn(tick(ticking, self.every)));
         }
         Keeping {
             keeper: self,
@@ -227,12 +235,8 @@ impl Drop for Ticking {
 
 /// The ticker of one runtime: ends when the keeper is gone or has no lease
 /// of this runtime left.
-async fn tick(keeper: Weak<LeaseKeeper>, runtime: Id, every: Duration) {
-    let mut ticking = Ticking {
-        keeper,
-        runtime,
-        stopped: false,
-    };
+async fn tick(mut ticking: Ticking, every: Duration) {
+    let runtime = ticking.runtime;
     loop {
         tokio::time::sleep(every).await;
         let Some(keeper) = ticking.keeper.upgrade() else {
@@ -248,6 +252,9 @@ async fn tick(keeper: Weak<LeaseKeeper>, runtime: Id, every: Duration) {
 
 /// Extends one lease; stops extending it once the store says it is lost.
 async fn extend(store: Arc<dyn IdempotencyStore>, kept: Arc<Kept>) {
+    // However this ends (answered, panicked, or dropped with its runtime),
+    // the next tick may try again.
+    let _extending = Extending(&kept);
     match store.extend_lease(&kept.scope, &kept.key, kept.lease).await {
         Ok(true) => {}
         Ok(false) => {
@@ -260,5 +267,13 @@ async fn extend(store: Arc<dyn IdempotencyStore>, kept: Arc<Kept>) {
             tracing::warn!(error = %err, key = kept.key, "extending an idempotency lease failed")
         }
     }
-    kept.extending.store(false, Ordering::Release);
+}
+
+/// Clears [`Kept::extending`] when an extension ends, in whatever way.
+struct Extending<'a>(&'a Kept);
+
+impl Drop for Extending<'_> {
+    fn drop(&mut self) {
+        self.0.extending.store(false, Ordering::Release);
+    }
 }

@@ -3,7 +3,7 @@
 //! independently, so one stuck call cannot let another live handler's lease
 //! lapse and a retry run that handler twice.
 mod support;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,16 +13,21 @@ use tower_idempotency::{
     ClaimOutcome, ClaimRequest, IdempotencyStore, LeaseToken, StoreError, StoredResponse,
 };
 
-both_stores!(a_stalled_extension_delays_no_other_lease);
+both_stores!(
+    a_stalled_extension_delays_no_other_lease,
+    a_panicking_extension_is_tried_again
+);
 
-/// Extending the lease of key `stuck` never returns; every other call goes
-/// to the wrapped store.
+/// Extending the lease of key `stuck` never returns; the first extension of
+/// key `flaky` panics; every other call goes to the wrapped store.
 struct Stalling {
     inner: Arc<dyn IdempotencyStore>,
     /// Extensions of every other key that returned.
     extends: AtomicUsize,
     /// Extensions of `stuck` that began (and never returned).
     stuck: AtomicUsize,
+    /// The next extension of `flaky` panics.
+    panic_next: AtomicBool,
     changed: Notify,
 }
 
@@ -71,6 +76,9 @@ impl IdempotencyStore for Stalling {
             self.changed.notify_waiters();
             return std::future::pending().await;
         }
+        if key == "flaky" && self.panic_next.swap(false, Ordering::SeqCst) {
+            panic!("extending the lease panicked on purpose");
+        }
         let extended = self.inner.extend_lease(scope, key, lease).await;
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
@@ -89,6 +97,7 @@ async fn a_stalled_extension_delays_no_other_lease(h: Harness) {
         inner: h.store.clone(),
         extends: AtomicUsize::new(0),
         stuck: AtomicUsize::new(0),
+        panic_next: AtomicBool::new(false),
         changed: Notify::new(),
     });
     let layer = h
@@ -131,4 +140,38 @@ async fn a_stalled_extension_delays_no_other_lease(h: Harness) {
     assert!(replay.replayed(), "{}: `k` ran twice", h.name);
     assert_eq!(replay.body, live.body);
     assert_eq!(state.runs(), 2, "{}", h.name);
+}
+
+/// An extension whose store call panics ends like one that failed: the
+/// next tick extends the lease again, so the live handler keeps it.
+async fn a_panicking_extension_is_tried_again(h: Harness) {
+    let store = Arc::new(Stalling {
+        inner: h.store.clone(),
+        extends: AtomicUsize::new(0),
+        stuck: AtomicUsize::new(0),
+        panic_next: AtomicBool::new(true),
+        changed: Notify::new(),
+    });
+    let layer = h
+        .builder_over(store.clone())
+        .lock_timeout(Duration::from_secs(3))
+        .heartbeat_every(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let started = state.started.notified();
+    let live = spawn_waiting(&router, "flaky", "a");
+    started.await;
+    // The first extension panicked; later ones go through ...
+    store.wait_for(&store.extends, 1).await;
+    assert!(!store.panic_next.load(Ordering::SeqCst));
+    h.advance(Duration::from_secs(10)).await;
+    let since = store.extends.load(Ordering::SeqCst);
+    store.wait_for(&store.extends, since + 2).await;
+    // ... so far past the lock timeout the handler still owns its key.
+    send(&router, post("flaky", "a")).await.assert_problem(409);
+    state.proceed.notify_one();
+    assert_eq!(live.await.unwrap().status, 201);
+    assert!(send(&router, post("flaky", "a")).await.replayed());
+    assert_eq!(state.runs(), 1, "{}", h.name);
 }
