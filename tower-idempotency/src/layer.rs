@@ -1,6 +1,7 @@
 //! The tower [`IdempotencyLayer`] and its [`IdempotencyService`]: what the
-//! layer checks before anything is claimed, then the hand-over to the task
-//! that runs the claimed request (see `run.rs`).
+//! layer checks before anything is claimed, then the claimed request, run
+//! in the response future (see `run.rs`) and handed to a task of its own if
+//! that future is dropped (`inline.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -215,7 +216,11 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// Once the request body is read, the rest (claim, handler, storing the
 /// response) runs in the response future, but dropping that future (the
 /// client went away) neither cancels the handler nor frees its key: the
-/// unfinished rest is spawned onto the runtime and runs to its end.
+/// unfinished rest is spawned onto the runtime and runs to its end. That
+/// task does not carry the request's task-local values or tracing span
+/// over. The handler makes progress only while its response future is
+/// polled (or after it is dropped): a layer above that holds the future
+/// without polling it holds the key in progress (`409`) for as long.
 ///
 /// In PostgreSQL's transactional mode
 /// ([`IdempotencyLayer::transactional`]) the request runs in the response

@@ -65,7 +65,11 @@
 //! `409` while the handler works and the replay afterwards. While it runs,
 //! the layer extends the claim's lease from tasks of its own (a heartbeat
 //! every third of the lock timeout), so a live handler is never taken over,
-//! however slow, even one that blocks its thread.
+//! however slow. On a multi-thread runtime the extensions run on the other
+//! workers while a handler blocks its thread; but tokio cannot steal a task
+//! queued behind a blocked thread, so a handler that blocks for seconds
+//! should do so in `spawn_blocking` or `block_in_place` (which hands that
+//! thread's queue over), as tokio asks of any blocking code.
 //!
 //! A key is freed only when the handler provably did no work: the
 //! request-validation statuses `400`, `415` and `422` (configurable with
