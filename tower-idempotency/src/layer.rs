@@ -1,6 +1,7 @@
 //! The tower [`IdempotencyLayer`] and its [`IdempotencyService`]: what the
-//! layer checks before anything is claimed, then the hand-over to the task
-//! that runs the claimed request (see `run.rs`).
+//! layer checks before anything is claimed, then the claimed request, run
+//! in the response future (see `run.rs`) and handed to a task of its own if
+//! that future is dropped (`inline.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -17,6 +18,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::config::{Config, IdempotencyLayerBuilder};
+use crate::inline::Detach;
+use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
 use crate::problem::{problem, ProblemKind};
 use crate::run::process;
@@ -36,39 +39,57 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 /// (axum: `Extension<IdempotencyContext>`). A handler that writes to
 /// PostgreSQL can pass it to `PostgresStore::complete_in_tx` to store the
 /// response in the same transaction as its own effects.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct IdempotencyContext {
-    scope: String,
-    key: String,
-    lease: LeaseToken,
+    /// Shared with the layer's own record of the claim: handing the context
+    /// to the handler copies no string.
+    kept: Arc<Kept>,
 }
 
 impl IdempotencyContext {
     /// Creates a context (the layer does this; useful in tests).
     pub fn new(scope: impl Into<String>, key: impl Into<String>, lease: LeaseToken) -> Self {
-        Self {
-            scope: scope.into(),
-            key: key.into(),
-            lease,
-        }
+        Self::from_kept(Arc::new(Kept::new(scope.into(), key.into(), lease)))
+    }
+
+    pub(crate) fn from_kept(kept: Arc<Kept>) -> Self {
+        Self { kept }
     }
 
     /// The scope the key is stored under (a digest of the caller identity,
     /// see [`IdempotencyLayer::stored_scope`]).
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.kept.scope
     }
 
     /// The idempotency key (unquoted).
     pub fn key(&self) -> &str {
-        &self.key
+        &self.kept.key
     }
 
     /// The lease proving this request owns the claim.
     pub fn lease(&self) -> LeaseToken {
-        self.lease
+        self.kept.lease
     }
 }
+
+impl fmt::Debug for IdempotencyContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyContext")
+            .field("scope", &self.scope())
+            .field("key", &self.key())
+            .field("lease", &self.lease())
+            .finish()
+    }
+}
+
+impl PartialEq for IdempotencyContext {
+    fn eq(&self, other: &Self) -> bool {
+        self.scope() == other.scope() && self.key() == other.key() && self.lease() == other.lease()
+    }
+}
+
+impl Eq for IdempotencyContext {}
 
 /// A tower [`Layer`] that makes `POST`/`PATCH` handlers idempotent with the
 /// `Idempotency-Key` header.
@@ -84,6 +105,7 @@ impl IdempotencyContext {
 pub struct IdempotencyLayer {
     store: Arc<dyn IdempotencyStore>,
     config: Arc<Config>,
+    keeper: Arc<LeaseKeeper>,
 }
 
 impl fmt::Debug for IdempotencyLayer {
@@ -149,7 +171,12 @@ impl IdempotencyLayer {
     }
 
     pub(crate) fn from_parts(store: Arc<dyn IdempotencyStore>, config: Arc<Config>) -> Self {
-        Self { store, config }
+        let keeper = Arc::new(LeaseKeeper::new(store.clone(), config.heartbeat_every));
+        Self {
+            store,
+            config,
+            keeper,
+        }
     }
 
     /// The store this layer uses.
@@ -173,6 +200,7 @@ impl<S> Layer<S> for IdempotencyLayer {
             inner,
             store: self.store.clone(),
             config: self.config.clone(),
+            keeper: self.keeper.clone(),
         }
     }
 }
@@ -186,8 +214,13 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// # Cancellation
 ///
 /// Once the request body is read, the rest (claim, handler, storing the
-/// response) runs in a spawned task: dropping the response future (the
-/// client went away) neither cancels the handler nor frees its key.
+/// response) runs in the response future, but dropping that future (the
+/// client went away) neither cancels the handler nor frees its key: the
+/// unfinished rest is spawned onto the runtime and runs to its end. That
+/// task does not carry the request's task-local values or tracing span
+/// over. The handler makes progress only while its response future is
+/// polled (or after it is dropped): a layer above that holds the future
+/// without polling it holds the key in progress (`409`) for as long.
 ///
 /// In PostgreSQL's transactional mode
 /// ([`IdempotencyLayer::transactional`]) the request runs in the response
@@ -199,6 +232,7 @@ pub struct IdempotencyService<S> {
     inner: S,
     store: Arc<dyn IdempotencyStore>,
     config: Arc<Config>,
+    keeper: Arc<LeaseKeeper>,
 }
 
 impl<S: fmt::Debug> fmt::Debug for IdempotencyService<S> {
@@ -267,6 +301,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = self.config.clone();
         let store = self.store.clone();
+        let keeper = self.keeper.clone();
 
         if !config.methods.contains(req.method()) {
             return Box::pin(inner.call(req));
@@ -300,14 +335,23 @@ where
             // away (hyper drops this future) rolls it back: no effect, no
             // key, and the retry runs the request once. Running it here
             // saves a spawn and a hand-over between threads per request.
+            // Boxed: held inline, its ~3 KB would make every request's
+            // response future that large, in both modes.
             #[cfg(feature = "postgres")]
             if let Some(pg) = config.transactional.clone() {
-                return crate::transactional::process(inner, pg, config, parts, body, key).await;
+                // (Boxed in the `let`: a named unboxed future would keep
+                // its storage in this one until the end of the block.)
+                let rest = Box::pin(crate::transactional::process(
+                    inner, pg, config, parts, body, key,
+                ));
+                return rest.await;
             }
-            // From here on the work runs in a task the connection does not
-            // own: once a handler has started, a client that disconnects
-            // (hyper drops this future) neither cancels it nor frees its
-            // key, and its response is stored for the retry.
+            // From here on nothing is cancelled by the client: the rest
+            // runs here, in the response future, and if hyper drops that
+            // future (the client went away) `Detach` hands the rest to a
+            // task of its own, so the handler is never cancelled, its key
+            // never freed, and its response is stored for the retry. The
+            // common path pays no spawn and no hand-over between threads.
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return Ok(problem(
                     ProblemKind::Internal,
@@ -315,14 +359,26 @@ where
                     None,
                 ));
             };
-            let task = runtime.spawn(process(inner, store, config, parts, body, key));
-            match task.await {
-                Ok(result) => result,
-                // `process` catches the handler's panics; this is the runtime
-                // shutting down and cancelling the task.
-                Err(_) => Ok(problem(
+            // Built and boxed in one statement, for the same reason.
+            let rest = Detach::new(
+                process(
+                    inner,
+                    store,
+                    keeper,
+                    runtime.clone(),
+                    config,
+                    parts,
+                    body,
+                    key,
+                ),
+                runtime,
+            );
+            match rest.await {
+                Some(result) => result,
+                // Unreachable: a `Detach` is awaited once.
+                None => Ok(problem(
                     ProblemKind::Internal,
-                    "the server is shutting down",
+                    "the request was already answered",
                     None,
                 )),
             }

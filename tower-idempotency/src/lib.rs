@@ -58,12 +58,18 @@
 //!
 //! # After the handler started
 //!
-//! The claimed request runs in a spawned task (except in PostgreSQL's
+//! The claimed request runs in the response future, and is handed to a task
+//! of its own if that future is dropped (except in PostgreSQL's
 //! transactional mode, see below): a client that disconnects
 //! (a client-side timeout) cancels nothing and frees nothing; a retry gets
 //! `409` while the handler works and the replay afterwards. While it runs,
-//! the layer extends the claim's lease (a heartbeat every third of the lock
-//! timeout), so a live handler is never taken over, however slow.
+//! the layer extends the claim's lease from tasks of its own (a heartbeat
+//! every third of the lock timeout), so a live handler is never taken over,
+//! however slow. On a multi-thread runtime the extensions run on the other
+//! workers while a handler blocks its thread; but tokio cannot steal a task
+//! queued behind a blocked thread, so a handler that blocks for seconds
+//! should do so in `spawn_blocking` or `block_in_place` (which hands that
+//! thread's queue over), as tokio asks of any blocking code.
 //!
 //! A key is freed only when the handler provably did no work: the
 //! request-validation statuses `400`, `415` and `422` (configurable with
@@ -146,6 +152,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod config;
+mod inline;
+mod keeper;
 mod key;
 mod layer;
 mod memory;

@@ -31,10 +31,23 @@ type MapKey = Arc<str>;
 /// Writes the identity of `(scope, key)` into `buf` (reused: no allocation
 /// once it is large enough).
 fn write_id(buf: &mut String, scope: &str, key: &str) {
-    use std::fmt::Write;
     buf.clear();
-    // Writing into a String never fails.
-    let _ = write!(buf, "{}:", scope.len());
+    // The length in decimal, by hand: `write!` costs a formatter per lookup.
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut len = scope.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (len % 10) as u8;
+        len /= 10;
+        if len == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        buf.push(char::from(d));
+    }
+    buf.push(':');
     buf.push_str(scope);
     buf.push_str(key);
 }
@@ -387,6 +400,12 @@ mod tests {
         assert_ne!(id("1:a", "b"), id("1", ":ab"));
         assert_ne!(id("", "3:abc"), id("abc", ""));
         assert_eq!(id("s", "k"), id("s", "k"));
+        assert_eq!(id("s", "k"), "1:sk");
+        assert_eq!(id("", "k"), "0:k");
+        assert_eq!(
+            id(&"x".repeat(1234), ""),
+            format!("1234:{}", "x".repeat(1234))
+        );
     }
 
     /// Leases are never handed out twice by a store, and two stores hand

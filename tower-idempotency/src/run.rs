@@ -9,8 +9,10 @@
 //! started (a panic, an error, a response too large to keep, a store that
 //! fails) leaves the key completed, so a retry can never run it twice.
 
-use std::convert::Infallible;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,9 +20,12 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tokio::runtime::Handle;
 use tower_service::Service;
 
 use crate::config::Config;
+use crate::inline::{call_catching, poll_catching, Panicked};
+use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
@@ -32,16 +37,27 @@ const COMPLETE_ATTEMPTS: u32 = 3;
 /// Pause before the second attempt; doubled for each further one.
 const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Runs a keyed request whose body has been read. Spawned by the service, so
-/// nothing here is cancelled when the client goes away.
-pub(crate) async fn process<S, ReqBody, ResBody>(
-    inner: S,
+/// Runs a keyed request whose body has been read. Polled in the response
+/// future inside [`Detach`](crate::inline::Detach): if the client goes away
+/// once the body is read, the rest still runs to its end in a task of its
+/// own, so it is never cancelled by a disconnect.
+///
+/// A plain function returning an `async move` block rather than an `async
+/// fn`: the block uses its captured arguments in place, where an `async fn`
+/// would copy each into a local and hold both (~350 bytes more in every
+/// request's boxed future).
+// The layout is the point (see above), not an oversight.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+pub(crate) fn process<S, ReqBody, ResBody>(
+    mut inner: S,
     store: Arc<dyn IdempotencyStore>,
+    keeper: Arc<LeaseKeeper>,
+    runtime: Handle,
     config: Arc<Config>,
     mut parts: Parts,
     body: Bytes,
     key: String,
-) -> Result<Response<ResBody>, S::Error>
+) -> impl Future<Output = Result<Response<ResBody>, S::Error>> + Send + 'static
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -50,34 +66,62 @@ where
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
-    let scope = config.scope.stored_scope(&parts);
-    let claimed = store
-        .claim(ClaimRequest {
-            scope: &scope,
-            key: &key,
-            fingerprint,
-            lock_timeout: config.lock_timeout,
-            ttl: config.expiry,
-        })
-        .await;
-    let lease = match answer_without_running(claimed, &config) {
-        Ok(lease) => lease,
-        Err(answer) => return Ok(answer),
-    };
-    parts
-        .extensions
-        .insert(IdempotencyContext::new(&scope, &key, lease));
-    let claim = Claim {
-        store,
-        scope,
-        key,
-        lease,
-    };
-    let request = Request::from_parts(parts, ReqBody::from(body));
-    tokio::select! {
-        done = run_claimed(inner, request, &claim, &config) => done,
-        never = claim.keep_alive(config.heartbeat_every) => match never {},
+    async move {
+        let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
+        let scope = config.scope.stored_scope(&parts);
+        let claimed = store
+            .claim(ClaimRequest {
+                scope: &scope,
+                key: &key,
+                fingerprint,
+                lock_timeout: config.lock_timeout,
+                ttl: config.expiry,
+            })
+            .await;
+        let lease = match answer_without_running(claimed, &config) {
+            Ok(lease) => lease,
+            Err(answer) => return Ok(answer),
+        };
+        let kept = Arc::new(Kept::new(scope, key, lease));
+        parts
+            .extensions
+            .insert(IdempotencyContext::from_kept(kept.clone()));
+        let claim = Claim { store, kept };
+        // Extended from the keeper's tasks, not this one: the handler runs
+        // inline below and may block this task's thread.
+        let keeping = keeper.keep(claim.kept.clone(), &runtime);
+        if keeping.started_ticker {
+            // Let the new ticker be polled before the handler can block this
+            // thread (see `LeaseKeeper::keep`).
+            tokio::task::yield_now().await;
+        }
+        // Inline, in this task: a panic is caught here, and the lease is kept
+        // alive by the keeper's tasks, so a handler blocking this thread still
+        // keeps it (tests/blocking_handler.rs). The handler's future is pinned
+        // right here, not in a nested future that would hold the request twice.
+        let request = Request::from_parts(parts, ReqBody::from(body));
+        let outcome = match call_catching(|| inner.call(request)) {
+            Ok(future) => {
+                let mut future = pin!(Some(future));
+                let outcome = poll_fn(|cx| match future.as_mut().as_pin_mut() {
+                    Some(running) => poll_catching(running, cx),
+                    // Set to `None` only below, after this has returned.
+                    None => Poll::Ready(Err(Panicked)),
+                })
+                .await;
+                // Dropped here, where a panic in its destructor is caught as
+                // well: the handler started, so that panic too must leave the
+                // marker rather than unwind past the claim.
+                match call_catching(|| future.as_mut().set(None)) {
+                    Ok(()) => outcome,
+                    Err(panicked) => Err(panicked),
+                }
+            }
+            Err(panicked) => Err(panicked),
+        };
+        let done = settle(outcome, &claim, &config).await;
+        drop(keeping);
+        done
     }
 }
 
@@ -130,27 +174,18 @@ pub(crate) fn store_error_answer<B: From<Bytes>>(
     }
 }
 
-/// Runs the handler for a claimed key and settles the claim.
-async fn run_claimed<S, ReqBody, ResBody>(
-    mut inner: S,
-    request: Request<ReqBody>,
+/// Settles the claim with what the handler did: stores its response, frees
+/// the key, or leaves the marker.
+async fn settle<ResBody, E>(
+    outcome: Result<Result<Response<ResBody>, E>, Panicked>,
     claim: &Claim,
     config: &Config,
-) -> Result<Response<ResBody>, S::Error>
+) -> Result<Response<ResBody>, E>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
     ResBody: Body<Data = Bytes> + From<Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // A task of its own, for two reasons: a panic in the handler ends there
-    // and we can still record that the handler started; and the heartbeat
-    // (polled by this task, beside this future) keeps running on another
-    // worker even while a handler blocks its thread, so a live but blocking
-    // handler never loses its lease. Catching the panic in this task instead
-    // would save a spawn per request and lose the second property.
-    let response = match tokio::spawn(inner.call(request)).await {
+    let response = match outcome {
         Ok(Ok(response)) => response,
         Ok(Err(err)) => {
             claim
@@ -160,16 +195,10 @@ where
                 .await;
             return Err(err);
         }
-        Err(join) => {
-            let what = if join.is_panic() {
-                "panicked"
-            } else {
-                "was cancelled"
-            };
-            let detail = format!(
-                "the handler {what} after it started; whether its effect happened is unknown"
-            );
-            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        Err(Panicked) => {
+            let detail =
+                "the handler panicked after it started; whether its effect happened is unknown";
+            return Ok(to_response(claim.leave_marker(detail).await, false));
         }
     };
     if config.release_statuses.contains(&response.status()) {
@@ -177,9 +206,20 @@ where
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match Limited::new(body, config.max_response_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) => {
+    // The body is the handler's code too: a stream that panics leaves the
+    // marker instead of unwinding past the claim.
+    let mut collecting = pin!(Limited::new(body, config.max_response_body).collect());
+    let collected = poll_fn(|cx| poll_catching(collecting.as_mut(), cx)).await;
+    let body = match collected {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Err(Panicked) => {
+            let detail = format!(
+                "the handler completed with status {} but its response body panicked",
+                parts.status.as_u16()
+            );
+            return Ok(to_response(claim.leave_marker(&detail).await, false));
+        }
+        Ok(Err(err)) => {
             let detail = if err.is::<LengthLimitError>() {
                 format!(
                     "the handler completed with status {} but its response is larger than the \
@@ -212,63 +252,54 @@ where
 /// A key this request owns.
 struct Claim {
     store: Arc<dyn IdempotencyStore>,
-    scope: String,
-    key: String,
-    lease: LeaseToken,
+    kept: Arc<Kept>,
 }
 
 impl Claim {
-    /// Extends the lease every `every`, for as long as it is polled (the
-    /// handler lives); stops extending once the lease is lost.
-    async fn keep_alive(&self, every: Duration) -> Infallible {
-        loop {
-            tokio::time::sleep(every).await;
-            match self
-                .store
-                .extend_lease(&self.scope, &self.key, self.lease)
-                .await
-            {
-                Ok(true) => {}
-                Ok(false) => {
-                    // Completed by the handler in its own transaction, or
-                    // taken over after heartbeats kept failing.
-                    tracing::debug!(key = self.key, "idempotency lease no longer held");
-                    return std::future::pending().await;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, key = self.key, "extending an idempotency lease failed")
-                }
-            }
-        }
-    }
-
     /// Stores `response`, retrying a failing store a few times (the lease is
     /// kept alive meanwhile). `true` once stored, or once the lease is no
     /// longer ours (the handler completed the key itself, in its
     /// transaction, or the claim was taken over).
     async fn complete(&self, response: &StoredResponse) -> bool {
+        match self.try_complete(response, 1).await {
+            Some(done) => done,
+            // Retries (with their timer) live in a box: held inline, they
+            // would make every request's future larger.
+            None => Box::pin(self.complete_retrying(response)).await,
+        }
+    }
+
+    /// Attempts `attempt` to store `response`; `None` if the store failed.
+    async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<bool> {
+        let kept = &self.kept;
+        match self
+            .store
+            .complete(&kept.scope, &kept.key, kept.lease, response)
+            .await
+        {
+            Ok(true) => Some(true),
+            Ok(false) => {
+                tracing::debug!(
+                    key = kept.key,
+                    "idempotency key already completed by the handler or taken over"
+                );
+                Some(true)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
+                None
+            }
+        }
+    }
+
+    /// The attempts after a failed first one, with a growing pause.
+    async fn complete_retrying(&self, response: &StoredResponse) -> bool {
         let mut pause = COMPLETE_BACKOFF;
-        for attempt in 1..=COMPLETE_ATTEMPTS {
-            match self
-                .store
-                .complete(&self.scope, &self.key, self.lease, response)
-                .await
-            {
-                Ok(true) => return true,
-                Ok(false) => {
-                    tracing::debug!(
-                        key = self.key,
-                        "idempotency key already completed by the handler or taken over"
-                    );
-                    return true;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, key = self.key, attempt, "storing an idempotent response failed");
-                    if attempt < COMPLETE_ATTEMPTS {
-                        tokio::time::sleep(pause).await;
-                        pause = pause.saturating_mul(2);
-                    }
-                }
+        for attempt in 2..=COMPLETE_ATTEMPTS {
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+            if let Some(done) = self.try_complete(response, attempt).await {
+                return done;
             }
         }
         false
@@ -278,22 +309,38 @@ impl Claim {
     /// returns it. If even that fails the key stays in progress until its
     /// lock times out, after which a retry runs the handler again: logged
     /// as an error.
-    async fn leave_marker(&self, detail: &str) -> StoredResponse {
-        tracing::error!(key = self.key, detail, "idempotent response not retained");
-        let marker = marker(detail);
-        if !self.complete(&marker).await {
+    ///
+    /// Boxed: a rare path, whose future would otherwise be held inline by
+    /// every request's.
+    fn leave_marker<'a>(
+        &'a self,
+        detail: &'a str,
+    ) -> Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>> {
+        Box::pin(async move {
             tracing::error!(
-                key = self.key,
-                "storing the not-retained marker failed; the key frees after the lock timeout"
+                key = self.kept.key,
+                detail,
+                "idempotent response not retained"
             );
-        }
-        marker
+            let marker = marker(detail);
+            if !self.complete(&marker).await {
+                tracing::error!(
+                    key = self.kept.key,
+                    "storing the not-retained marker failed; the key frees after the lock timeout"
+                );
+            }
+            marker
+        })
     }
 
     /// Frees the key: the handler did no work.
     async fn release(&self) {
-        if let Err(err) = self.store.release(&self.scope, &self.key, self.lease).await {
-            tracing::warn!(error = %err, key = self.key, "releasing an idempotency key failed; it frees after the lock timeout");
+        if let Err(err) = self
+            .store
+            .release(&self.kept.scope, &self.kept.key, self.kept.lease)
+            .await
+        {
+            tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
         }
     }
 }

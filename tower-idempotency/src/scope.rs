@@ -7,7 +7,7 @@
 //! scope can never coincide.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use http::header::AUTHORIZATION;
 use http::request::Parts;
@@ -47,12 +47,13 @@ impl ScopeRule {
             Self::Authorization => {
                 let mut values = parts.headers.get_all(AUTHORIZATION).iter().peekable();
                 if values.peek().is_none() {
-                    field(&mut hasher, b"tower-idempotency/anonymous");
-                } else {
-                    field(&mut hasher, b"tower-idempotency/authorization");
-                    for value in values {
-                        field(&mut hasher, value.as_bytes());
-                    }
+                    // The same digest for every anonymous request: computed
+                    // once, not hashed per request.
+                    return ANONYMOUS.clone();
+                }
+                field(&mut hasher, b"tower-idempotency/authorization");
+                for value in values {
+                    field(&mut hasher, value.as_bytes());
                 }
             }
             Self::Custom(scope) => {
@@ -63,6 +64,13 @@ impl ScopeRule {
         hex(&hasher.finalize())
     }
 }
+
+/// The scope of every request without an `Authorization` header.
+static ANONYMOUS: LazyLock<String> = LazyLock::new(|| {
+    let mut hasher = Sha256::new();
+    field(&mut hasher, b"tower-idempotency/anonymous");
+    hex(&hasher.finalize())
+});
 
 fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
@@ -103,6 +111,17 @@ mod tests {
         assert_ne!(
             rule.stored_scope(&parts(&[b"tower-idempotency/anonymous"])),
             anonymous
+        );
+    }
+
+    /// The digest computed once is the one every release stored (keys
+    /// claimed before an upgrade keep their scope).
+    #[test]
+    fn the_anonymous_scope_is_stable() {
+        let anonymous = ScopeRule::Authorization.stored_scope(&parts(&[]));
+        assert_eq!(
+            anonymous,
+            "30e2b499e0f040147379bf042e161306072dd66249c526c2a02cc3c85c8aa8c4"
         );
     }
 

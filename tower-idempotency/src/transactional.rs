@@ -16,11 +16,7 @@
 //! the two-phase mode and its recovery points.
 
 use std::fmt;
-use std::future::{poll_fn, Future};
-use std::panic::{self, AssertUnwindSafe};
-use std::pin::pin;
 use std::sync::Arc;
-use std::task::Poll;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -32,6 +28,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_service::Service;
 
 use crate::config::Config;
+use crate::inline::{catch_unwind, Panicked};
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::postgres::{db_err, PostgresStore};
@@ -217,28 +214,6 @@ where
         ));
     }
     Ok(Response::from_parts(parts, ResBody::from(body)))
-}
-
-/// The handler panicked (the payload is dropped: the panic hook has
-/// already reported it).
-struct Panicked;
-
-/// Calls `call` and awaits the future it returns, turning a panic in either
-/// into `Err(Panicked)`. After a panic the future is dropped, never polled
-/// again, so nothing observes state the panic left half-updated
-/// (`AssertUnwindSafe`); the transaction it may have written through is
-/// rolled back by the caller.
-async fn catch_unwind<F: Future>(call: impl FnOnce() -> F) -> Result<F::Output, Panicked> {
-    let future = panic::catch_unwind(AssertUnwindSafe(call)).map_err(|_| Panicked)?;
-    let mut future = pin!(future);
-    poll_fn(
-        |cx| match panic::catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => Poll::Ready(Err(Panicked)),
-        },
-    )
-    .await
 }
 
 async fn rollback(tx: Transaction<'static, Postgres>) {

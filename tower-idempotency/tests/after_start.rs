@@ -6,8 +6,14 @@ mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::body::Body;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes};
 use axum::http::{Request, Response};
+use http_body::Frame;
 use support::{app, post, req, send, spawn_waiting, Faulty, Harness};
 use tower::{Layer, ServiceExt};
 
@@ -16,7 +22,9 @@ both_stores!(
     panic_leaves_a_marker,
     service_error_leaves_a_marker,
     store_failure_is_retried,
-    store_failure_leaves_a_marker
+    store_failure_leaves_a_marker,
+    a_panicking_response_body_leaves_a_marker,
+    a_handler_future_panicking_on_drop_leaves_a_marker
 );
 
 async fn dropped_request_keeps_running(h: Harness) {
@@ -107,4 +115,68 @@ async fn store_failure_leaves_a_marker(h: Harness) {
     assert!(doc["detail"].as_str().unwrap().contains("status 201"));
     assert!(retry.replayed());
     assert_eq!(state.runs(), 1, "{}", h.name);
+}
+
+/// A response body whose stream panics when it is read.
+struct PanickingBody;
+
+impl http_body::Body for PanickingBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        panic!("response body panicked on purpose")
+    }
+}
+
+async fn a_panicking_response_body_leaves_a_marker(h: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let handler = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new(Body::new(PanickingBody))) }
+    });
+    let service = h.layer().layer(handler);
+    // The handler ran and answered; reading its body panicked: the key is
+    // completed with the marker, never freed for a second run.
+    let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(first.status(), 410);
+    let retry = service.oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), 410);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{}", h.name);
+}
+
+/// A handler's future that completes, then panics when it is dropped.
+struct PanicsOnDrop(Option<Response<Body>>);
+
+impl Future for PanicsOnDrop {
+    type Output = Result<Response<Body>, Infallible>;
+    fn poll(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(self.0.take().expect("polled once")))
+    }
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("handler future panicked on drop on purpose")
+    }
+}
+
+async fn a_handler_future_panicking_on_drop_leaves_a_marker(h: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let handler = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        PanicsOnDrop(Some(Response::new(Body::from("paid"))))
+    });
+    let service = h.layer().layer(handler);
+    let first = service.clone().oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(first.status(), 410);
+    let retry = service.oneshot(post("k", "a")).await.unwrap();
+    assert_eq!(retry.status(), 410);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{}", h.name);
 }

@@ -1,0 +1,97 @@
+//! A handler that blocks its worker thread (a synchronous call, a long CPU
+//! loop) for longer than the lock timeout keeps its lease: the lease is
+//! extended from another worker meanwhile, so a duplicate gets 409 and the
+//! handler never runs twice.
+mod support;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post as route_post;
+use axum::Router;
+use support::{post, send, Faulty, Harness};
+use tokio::sync::Notify;
+
+#[derive(Clone)]
+struct Blocking {
+    runs: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+    /// The handler blocks its thread until the test sends on this channel.
+    proceed: Arc<Mutex<mpsc::Receiver<()>>>,
+}
+
+async fn blocking_handler(State(state): State<Blocking>, body: Bytes) -> (StatusCode, String) {
+    let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    state.started.notify_one();
+    // Blocks the worker thread, not just this task: nothing else can run on
+    // this worker until the test lets go.
+    let _ = state
+        .proceed
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .recv();
+    (
+        StatusCode::CREATED,
+        format!("run {run}: {}", String::from_utf8_lossy(&body)),
+    )
+}
+
+async fn blocking_handler_keeps_its_lease(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    let layer = h
+        .builder_over(store.clone())
+        .lock_timeout(Duration::from_secs(3))
+        .heartbeat_every(Duration::from_millis(5))
+        .build()
+        .unwrap();
+    let (proceed_tx, proceed_rx) = mpsc::channel();
+    let state = Blocking {
+        runs: Arc::new(AtomicUsize::new(0)),
+        started: Arc::new(Notify::new()),
+        proceed: Arc::new(Mutex::new(proceed_rx)),
+    };
+    let router = Router::new()
+        .route("/payments", route_post(blocking_handler))
+        .with_state(state.clone())
+        .layer(layer);
+
+    let started = state.started.notified();
+    let r = router.clone();
+    // On a worker of the 2-worker runtime: it will block that worker.
+    let first = tokio::spawn(async move { send(&r, post("k", "a")).await });
+    started.await;
+    for _ in 0..3 {
+        // Far past the lock timeout while the handler blocks ...
+        h.advance(Duration::from_secs(10)).await;
+        // ... its lease is extended all the same (two extensions, so at
+        // least one began after the clock moved) ...
+        store
+            .wait_extends(store.extends.load(Ordering::SeqCst), 2)
+            .await;
+        // ... so a duplicate is told to wait, never run.
+        send(&router, post("k", "a")).await.assert_problem(409);
+    }
+    proceed_tx.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "{}: {:?}", h.name, first.body);
+    let replay = send(&router, post("k", "a")).await;
+    assert!(replay.replayed(), "{}: the handler ran again", h.name);
+    assert_eq!(replay.body, first.body);
+    assert_eq!(state.runs.load(Ordering::SeqCst), 1, "{}", h.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory() {
+    blocking_handler_keeps_its_lease(Harness::memory().await).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
+    blocking_handler_keeps_its_lease(h).await;
+    cleanup.run().await;
+}
