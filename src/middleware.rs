@@ -95,16 +95,25 @@ impl Middleware for RetryMiddleware {
                 .or(settings.attempt_timeout),
         };
         let classifier = options.and_then(|o| o.classifier.clone());
-        let span = tracing::info_span!(
-            "retry",
-            http.request.method = %request.method(),
-            server.address = request.url().host_str().unwrap_or_default(),
-            url.path = request.url().path(),
-            idempotency_key = key.as_ref().map(IdempotencyKey::as_str),
-            http.request.resend_count = tracing::field::Empty,
-            stop_reason = tracing::field::Empty,
-        );
+        // Built only for a listener: a subscriber, or (through tracing's
+        // `log` feature) a logger that would print the span's fields.
+        let span = if tracing::span_enabled!(tracing::Level::INFO)
+            || log::log_enabled!(log::Level::Info)
+        {
+            tracing::info_span!(
+                "retry",
+                http.request.method = %request.method(),
+                server.address = request.url().host_str().unwrap_or_default(),
+                url.path = request.url().path(),
+                idempotency_key = key.as_ref().map(IdempotencyKey::as_str),
+                http.request.resend_count = tracing::field::Empty,
+                stop_reason = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
         let mut run = Run::start(policy, limits);
+        run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key.map(IdempotencyKey::into_string);
         let mut attempts = HttpAttempts {
