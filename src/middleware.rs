@@ -28,7 +28,7 @@ use crate::admission::RetryKind;
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
 use crate::error::{KeyError, RetryError};
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{IdempotencyKey, SharedKey};
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
 use crate::report::{ReportSlot, RetryReport, StopReason};
@@ -105,7 +105,7 @@ impl Middleware for RetryMiddleware {
                 http.request.method = %request.method(),
                 server.address = request.url().host_str().unwrap_or_default(),
                 url.path = request.url().path(),
-                idempotency_key = key.as_ref().map(IdempotencyKey::as_str),
+                idempotency_key = key.as_ref().map(SharedKey::as_str),
                 http.request.resend_count = tracing::field::Empty,
                 stop_reason = tracing::field::Empty,
             )
@@ -115,7 +115,7 @@ impl Middleware for RetryMiddleware {
         let mut run = Run::start(policy, limits);
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
-        run.report.idempotency_key = key.map(IdempotencyKey::into_string);
+        run.report.idempotency_key = key;
         let mut attempts = HttpAttempts {
             judge: Judge {
                 policy,
@@ -161,17 +161,17 @@ impl RetryMiddleware {
         &self,
         request: &mut Request,
         options: Option<&RequestOptions>,
-    ) -> Result<Option<IdempotencyKey>, KeyError> {
+    ) -> Result<Option<SharedKey>, KeyError> {
         let settings = &self.policy.settings;
         if let Some(existing) = request.headers().get(&settings.key_header) {
             // A key the caller already set is kept, never overwritten.
-            return IdempotencyKey::from_header(existing).map(Some);
+            return IdempotencyKey::from_header(existing).map(|key| Some(key.into()));
         }
         let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
             KeyChoice::Skip => return Ok(None),
-            KeyChoice::Use(key) => key.clone(),
+            KeyChoice::Use(key) => SharedKey::from(key.clone()),
             KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
-                IdempotencyKey::generate(settings.key_generator)
+                SharedKey::generate(settings.key_generator)
             }
             KeyChoice::Auto => return Ok(None),
         };
