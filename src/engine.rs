@@ -392,7 +392,12 @@ impl<'p> Run<'p> {
     fn context(&mut self, now: Instant) -> AttemptContext {
         self.attempt += 1;
         self.report.attempts = self.attempt;
-        let time_left = self.time_left(now);
+        // The first attempt begins at the start: the whole deadline is left.
+        let time_left = if self.attempt == 1 {
+            self.deadline.and(self.limits.deadline)
+        } else {
+            self.time_left(now)
+        };
         let settings = &self.policy.settings;
         // gRPC's rule: at least the floor, and at least the backoff that would
         // follow this attempt.

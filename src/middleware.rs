@@ -272,6 +272,16 @@ impl Judge<'_> {
         result: &reqwest_middleware::Result<Response>,
     ) -> Verdict {
         let policy = self.policy;
+        // The common case first: a 1xx-3xx and no classifier but the
+        // default, which calls it a success (as `safety::judge` does).
+        if let Ok(r) = result {
+            if r.status().as_u16() < 400
+                && self.classifier.is_none()
+                && policy.classifiers.is_empty()
+            {
+                return Verdict::Success;
+            }
+        }
         let attempt = HttpAttempt {
             method,
             carried_key: self.keyed,
