@@ -61,7 +61,7 @@ impl Middleware for RetryMiddleware {
     // future holds the request once and nothing it no longer needs.
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
-        mut request: Request,
+        request: Request,
         extensions: &'life1 mut Extensions,
         next: Next<'life2>,
     ) -> BoxFuture<'async_trait, reqwest_middleware::Result<Response>>
@@ -74,7 +74,7 @@ impl Middleware for RetryMiddleware {
         let policy = &self.policy;
         let settings = &policy.settings;
         let options = extensions.get::<RequestOptions>();
-        let key = match self.attach_key(&mut request, options) {
+        let (key, key_header) = match self.choose_key(&request, options) {
             Ok(key) => key,
             Err(e) => {
                 let mut report = RetryReport::new();
@@ -123,6 +123,7 @@ impl Middleware for RetryMiddleware {
                 keyed: run.report.idempotency_key.is_some(),
             },
             max_attempts: limits.max_attempts,
+            key_header,
             caller_timeout: request.timeout().copied(),
             request: Some(request),
             extensions,
@@ -156,30 +157,29 @@ impl Middleware for RetryMiddleware {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl RetryMiddleware {
-    /// Keeps a caller's key, or attaches one as the options and policy say.
-    fn attach_key(
+    /// The request's key: a caller's own, kept as it is in the request's
+    /// headers, or one chosen as the options and policy say, with the header
+    /// value every attempt is to carry.
+    fn choose_key(
         &self,
-        request: &mut Request,
+        request: &Request,
         options: Option<&RequestOptions>,
-    ) -> Result<Option<SharedKey>, KeyError> {
+    ) -> Result<(Option<SharedKey>, Option<HeaderValue>), KeyError> {
         let settings = &self.policy.settings;
         if let Some(existing) = request.headers().get(&settings.key_header) {
             // A key the caller already set is kept, never overwritten.
-            return IdempotencyKey::from_header(existing).map(|key| Some(key.into()));
+            return IdempotencyKey::from_header(existing).map(|key| (Some(key.into()), None));
         }
         let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
-            KeyChoice::Skip => return Ok(None),
+            KeyChoice::Skip => return Ok((None, None)),
             KeyChoice::Use(key) => SharedKey::from(key.clone()),
             KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
                 SharedKey::generate(settings.key_generator)
             }
-            KeyChoice::Auto => return Ok(None),
+            KeyChoice::Auto => return Ok((None, None)),
         };
         let value = key.header_value(settings.key_format)?;
-        request
-            .headers_mut()
-            .insert(settings.key_header.clone(), value);
-        Ok(Some(key))
+        Ok((Some(key), Some(value)))
     }
 }
 
@@ -188,6 +188,11 @@ impl RetryMiddleware {
 struct HttpAttempts<'a> {
     judge: Judge<'a>,
     max_attempts: u32,
+    /// The key header each attempt adds to the request it sends (`None`
+    /// when there is no key, or when the caller's request carries its own):
+    /// the copy kept for the next attempt then holds the caller's headers
+    /// alone, and copying it copies no header the caller did not set.
+    key_header: Option<HeaderValue>,
     caller_timeout: Option<std::time::Duration>,
     /// The request the next attempt sends; `None` once a body that cannot
     /// be copied has been sent.
@@ -226,6 +231,10 @@ impl Attempt for HttpAttempts<'_> {
             let timeout = shorter(self.caller_timeout, ctx.timeout());
             if timeout != self.caller_timeout {
                 *request.timeout_mut() = timeout;
+            }
+            if let Some(value) = &self.key_header {
+                let name = self.judge.policy.settings.key_header.clone();
+                request.headers_mut().insert(name, value.clone());
             }
             stamp_headers(self.judge.policy, &mut request, &ctx);
             let method = request.method().clone();
