@@ -95,11 +95,13 @@ impl Middleware for RetryMiddleware {
                 .or(settings.attempt_timeout),
         };
         let classifier = options.and_then(|o| o.classifier.clone());
-        // Built only for a listener: a subscriber, or (through tracing's
-        // `log` feature) a logger that would print the span's fields.
-        let span = if tracing::span_enabled!(tracing::Level::INFO)
-            || log::log_enabled!(log::Level::Info)
-        {
+        // Built only where someone may listen: once a subscriber has been
+        // set (the span then asks it, by its own name and target), or where
+        // a logger would print the span's fields (tracing's `log` feature).
+        // With neither, building it would only format fields for nobody.
+        // `has_been_set` is tracing's own test for eliding trace points when
+        // tracing is not in use (what its macros expand to).
+        let span = if tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info) {
             tracing::info_span!(
                 "retry",
                 http.request.method = %request.method(),
