@@ -33,11 +33,14 @@ impl Middleware for Canned {
     }
 }
 
-/// Every span's name and its fields as they were at the end.
-#[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(u64, String, Vec<(String, String)>)>>>);
+/// Fields as (name, value) pairs.
+type Fields = Vec<(String, String)>;
 
-struct Collect<'a>(&'a mut Vec<(String, String)>);
+/// Every span's id, name and fields as they were at the end.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<(u64, String, Fields)>>>);
+
+struct Collect<'a>(&'a mut Fields);
 
 impl Visit for Collect<'_> {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
@@ -50,7 +53,7 @@ impl Visit for Collect<'_> {
 
 impl<S: tracing::Subscriber> Layer<S> for Spans {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
-        let mut fields = Vec::new();
+        let mut fields = Fields::new();
         attrs.record(&mut Collect(&mut fields));
         let name = attrs.metadata().name().to_owned();
         self.0.lock().unwrap().push((id.into_u64(), name, fields));
