@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Chains: `canned` (no middleware), `reqwest-retry`, `safe-retry`
-//! (`RetryMiddleware` with the default policy), `keygen` (no chain: one
+//! (`RetryMiddleware` with the default policy), `safe-retry-no-deadline`
+//! (the same without a deadline: no per-request timeout), `keygen` (no chain: one
 //! `IdempotencyKey::generate` per call).
 
 mod support;
@@ -35,6 +36,15 @@ fn chain(name: &str) -> Option<ClientWithMiddleware> {
             .with(RetryMiddleware::new(RetryPolicy::default()))
             .with(Canned)
             .build(),
+        "safe-retry-no-deadline" => builder
+            .with(RetryMiddleware::new(
+                RetryPolicy::builder()
+                    .no_deadline()
+                    .build()
+                    .expect("a valid policy"),
+            ))
+            .with(Canned)
+            .build(),
         _ => return None,
     })
 }
@@ -44,7 +54,8 @@ fn main() {
     if args.iter().any(|a| a == "--bench") || args.len() < 3 {
         // `cargo bench` runs every bench target: this one is run by hand.
         eprintln!(
-            "usage: instructions <canned|reqwest-retry|safe-retry|keygen> <get|post> <calls>"
+            "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|keygen> \
+             <get|post> <calls>"
         );
         return;
     }

@@ -9,6 +9,7 @@
 //! - a bare client sending what any keyed call with a deadline must (a
 //!   fixed key header on the POST and a 30 s timeout): the floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
+//! - the same without a deadline: what the default deadline's timer costs,
 //!
 //! sequentially and with some concurrency, in one run. Each variant's
 //! throughput is shown as a ratio to the bare client and to reqwest-retry. Variants are
@@ -114,6 +115,19 @@ fn variants() -> Vec<(&'static str, Variant)> {
             Variant::Middleware(
                 ClientBuilder::new(client())
                     .with(RetryMiddleware::new(RetryPolicy::default()))
+                    .build(),
+            ),
+        ),
+        (
+            "RetryMiddleware, no deadline (no timer armed)",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(RetryMiddleware::new(
+                        RetryPolicy::builder()
+                            .no_deadline()
+                            .build()
+                            .expect("a valid policy"),
+                    ))
                     .build(),
             ),
         ),

@@ -209,9 +209,9 @@ where
     Fut: Future<Output = Outcome<T>>,
 {
     let mut run = Run::start(policy, Limits::from(policy));
-    run.drive(&mut Closure(op))
-        .instrument(operation_span())
-        .await
+    let span = operation_span();
+    run.traced = !span.is_disabled();
+    run.drive(&mut Closure(op)).instrument(span).await
 }
 
 /// One attempt of a logical operation, as the loop drives it.
@@ -328,6 +328,9 @@ pub(crate) struct Run<'p> {
     grant: Option<Grant>,
     /// Whether the current delay was set by a server's Retry-After.
     by_hint: bool,
+    /// Whether the operation's span has a subscriber: only then does
+    /// [`Run::finish`] record the retry count and the stop reason into it.
+    pub(crate) traced: bool,
     pub(crate) report: RetryReport,
 }
 
@@ -346,6 +349,7 @@ impl<'p> Run<'p> {
             prev_delay: policy.settings.backoff.base(),
             grant: None,
             by_hint: false,
+            traced: false,
             report: RetryReport::new(),
         }
     }
@@ -354,32 +358,46 @@ impl<'p> Run<'p> {
     ///
     /// Borrows the run rather than taking it: an `async fn` keeps a copy of
     /// each argument it moves in, and the run is the largest.
+    ///
+    /// The clock is read once per attempt, when it ends: the first attempt
+    /// begins at the run's start, a retry when admission lets it go, and
+    /// an operation that stops after an attempt ends when that attempt did.
     pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
+        let mut begins = self.started;
         loop {
-            let ctx = self.context();
+            let ctx = self.context(begins);
             let outcome = op.attempt(ctx).await;
             let verdict = outcome.verdict();
-            let step = self.decide(verdict);
+            let ended = self.policy.clock.now();
+            let step = self.decide(verdict, ended);
             trace_attempt(&ctx, &Label(op, &outcome.value), verdict, step);
-            let reason = match step {
-                Step::Stop(reason) => reason,
+            let (reason, at) = match step {
+                Step::Stop(reason) => (reason, ended),
                 Step::Retry(delay, kind) => {
                     self.sleep(delay).await;
                     match self.admit(kind).await {
-                        Ok(()) => continue,
-                        Err(reason) => reason,
+                        Ok(now) => {
+                            begins = now;
+                            continue;
+                        }
+                        Err(reason) => (reason, self.policy.clock.now()),
                     }
                 }
             };
-            return (outcome.into_value(), self.finish(reason));
+            return (outcome.into_value(), self.finish(reason, at));
         }
     }
 
-    /// Begins the next attempt.
-    fn context(&mut self) -> AttemptContext {
+    /// Begins the next attempt at `now`.
+    fn context(&mut self, now: Instant) -> AttemptContext {
         self.attempt += 1;
         self.report.attempts = self.attempt;
-        let time_left = self.time_left();
+        // The first attempt begins at the start: the whole deadline is left.
+        let time_left = if self.attempt == 1 {
+            self.deadline.and(self.limits.deadline)
+        } else {
+            self.time_left(now)
+        };
         let settings = &self.policy.settings;
         // gRPC's rule: at least the floor, and at least the backoff that would
         // follow this attempt.
@@ -398,19 +416,18 @@ impl<'p> Run<'p> {
         }
     }
 
-    fn time_left(&self) -> Option<Duration> {
-        self.deadline
-            .map(|d| d.saturating_duration_since(self.policy.clock.now()))
+    fn time_left(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
     }
 
     /// Decides, after an attempt, whether and how long to wait for the next.
     /// Pure but for the random draw and the counters; admission comes after
     /// the sleep.
-    fn decide(&mut self, verdict: Verdict) -> Step {
+    fn decide(&mut self, verdict: Verdict, now: Instant) -> Step {
         let policy = self.policy;
         policy.admission.record(
             AttemptRecord::new(self.attempt, self.grant, verdict.result()),
-            policy.clock.now(),
+            now,
         );
         if self.attempt == 1 && verdict != Verdict::Success {
             policy.metrics.first_attempt_failed();
@@ -442,7 +459,7 @@ impl<'p> Run<'p> {
                 return Step::Stop(StopReason::RetryAfterTooLong);
             }
         }
-        if let Some(left) = self.time_left() {
+        if let Some(left) = self.time_left(now) {
             let needed = delay.saturating_add(settings.min_attempt_window);
             if needed > left {
                 policy.metrics.deadline_gave_up();
@@ -470,11 +487,11 @@ impl<'p> Run<'p> {
         self.policy.sleeper.sleep(delay).await;
     }
 
-    /// Waits for admission, bounded by the deadline: `Ok` once the retry
-    /// may be sent, or the reason to stop. A retry still waiting when no
+    /// Waits for admission, bounded by the deadline: `Ok` with the time it
+    /// was admitted once the retry may be sent, or the reason to stop. A retry still waiting when no
     /// attempt window is left ends with `budget_exhausted`: admission, not
     /// the deadline, is why it was not sent.
-    async fn admit(&mut self, kind: RetryKind) -> Result<(), StopReason> {
+    async fn admit(&mut self, kind: RetryKind) -> Result<Instant, StopReason> {
         let policy = self.policy;
         let window = policy.settings.min_attempt_window;
         let mut waited = Duration::ZERO;
@@ -488,7 +505,7 @@ impl<'p> Run<'p> {
                     if self.by_hint {
                         self.report.retry_after_honoured += 1;
                     }
-                    return Ok(());
+                    return Ok(now);
                 }
                 Admission::Wait(wait) => {
                     if waited.is_zero() {
@@ -496,7 +513,7 @@ impl<'p> Run<'p> {
                     }
                     // The last look happens when exactly one attempt window
                     // is left.
-                    let wait = match self.time_left() {
+                    let wait = match self.time_left(now) {
                         Some(left) => wait.min(left.saturating_sub(window)),
                         None => wait,
                     };
@@ -514,17 +531,17 @@ impl<'p> Run<'p> {
         Err(StopReason::BudgetExhausted)
     }
 
-    pub(crate) fn finish(&mut self, reason: StopReason) -> RetryReport {
+    /// Ends the operation at `now`: the report, the span's fields, the
+    /// counters.
+    pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
         let mut report = std::mem::replace(&mut self.report, RetryReport::new());
         report.stop_reason = reason;
-        report.elapsed = self
-            .policy
-            .clock
-            .now()
-            .saturating_duration_since(self.started);
-        let span = tracing::Span::current();
-        span.record("http.request.resend_count", self.attempt.saturating_sub(1));
-        span.record("stop_reason", reason.as_str());
+        report.elapsed = now.saturating_duration_since(self.started);
+        if self.traced {
+            let span = tracing::Span::current();
+            span.record("http.request.resend_count", self.attempt.saturating_sub(1));
+            span.record("stop_reason", reason.as_str());
+        }
         self.policy
             .metrics
             .call_finished(self.attempt, reason == StopReason::Success);

@@ -20,6 +20,7 @@
 
 use std::fmt;
 
+use bytes::Bytes;
 use http::{HeaderValue, Method};
 
 use crate::error::KeyError;
@@ -52,16 +53,13 @@ impl IdempotencyKey {
     /// and never repeats after `fork()` or a VM snapshot restore (see
     /// [`KeyGenerator::UuidV4`]).
     pub fn generate(generator: KeyGenerator) -> Self {
-        let uuid = match generator {
-            KeyGenerator::UuidV4 => {
-                let mut bytes = [0; 16];
-                crate::keygen::fill(&mut bytes);
-                uuid::Builder::from_random_bytes(bytes).into_uuid()
-            }
-            KeyGenerator::UuidV7 => uuid::Uuid::now_v7(),
-        };
         let mut text = uuid::Uuid::encode_buffer();
-        IdempotencyKey(uuid.hyphenated().encode_lower(&mut text).to_owned())
+        IdempotencyKey(
+            new_uuid(generator)
+                .hyphenated()
+                .encode_lower(&mut text)
+                .to_owned(),
+        )
     }
 
     /// The key itself.
@@ -97,6 +95,66 @@ impl IdempotencyKey {
         idempotency_key::parse(value.as_bytes())
             .map(|key| IdempotencyKey(key.into_owned()))
             .map_err(key_error)
+    }
+}
+
+/// A fresh UUID from `generator`.
+fn new_uuid(generator: KeyGenerator) -> uuid::Uuid {
+    match generator {
+        KeyGenerator::UuidV4 => {
+            let mut bytes = [0; 16];
+            crate::keygen::fill(&mut bytes);
+            uuid::Builder::from_random_bytes(bytes).into_uuid()
+        }
+        KeyGenerator::UuidV7 => uuid::Uuid::now_v7(),
+    }
+}
+
+/// The length of a hyphenated UUID.
+const UUID_LEN: usize = uuid::fmt::Hyphenated::LENGTH;
+
+/// A key's text in one shared allocation: the header every attempt carries
+/// and the report hold the same bytes, so a copy of the request for the
+/// next attempt copies a reference, not the key.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct SharedKey(Bytes);
+
+impl SharedKey {
+    /// A fresh key from `generator`, in one allocation.
+    pub(crate) fn generate(generator: KeyGenerator) -> Self {
+        let mut text = [0; UUID_LEN];
+        new_uuid(generator).hyphenated().encode_lower(&mut text);
+        SharedKey(Bytes::from_owner(text))
+    }
+
+    /// The key's text.
+    pub(crate) fn as_str(&self) -> &str {
+        // Always UTF-8: made from a validated key or a UUID's ASCII text.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// The header value in the given wire form; the bare form shares the
+    /// key's bytes.
+    pub(crate) fn header_value(&self, format: KeyFormat) -> Result<HeaderValue, KeyError> {
+        let value = match format {
+            KeyFormat::Bare => HeaderValue::from_maybe_shared(self.0.clone()),
+            KeyFormat::StructuredField => {
+                HeaderValue::from_str(&idempotency_key::quote(self.as_str()))
+            }
+        };
+        value.map_err(|_| KeyError::new("not a valid header value"))
+    }
+}
+
+impl From<IdempotencyKey> for SharedKey {
+    fn from(key: IdempotencyKey) -> Self {
+        SharedKey(Bytes::from(key.0))
+    }
+}
+
+impl fmt::Debug for SharedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
@@ -235,6 +293,34 @@ mod tests {
         let second = IdempotencyKey::generate(KeyGenerator::UuidV7);
         assert!(first.as_str() < second.as_str());
         assert_eq!(&first.as_str()[14..15], "7");
+    }
+
+    #[test]
+    fn a_shared_key_reads_prints_and_travels_as_its_text() {
+        let key = SharedKey::from(IdempotencyKey::new(r#"a"b"#).unwrap());
+        assert_eq!(key.as_str(), r#"a"b"#);
+        assert_eq!(format!("{key:?}"), format!("{:?}", r#"a"b"#));
+        assert_eq!(key.header_value(KeyFormat::Bare).unwrap(), r#"a"b"#);
+        assert_eq!(
+            key.header_value(KeyFormat::StructuredField).unwrap(),
+            r#""a\"b""#
+        );
+        for generator in [KeyGenerator::UuidV4, KeyGenerator::UuidV7] {
+            let fresh = SharedKey::generate(generator);
+            let version = if generator == KeyGenerator::UuidV4 {
+                "4"
+            } else {
+                "7"
+            };
+            assert_eq!(fresh.as_str().len(), 36);
+            assert_eq!(&fresh.as_str()[14..15], version);
+            let wire = fresh.header_value(KeyFormat::Bare).unwrap();
+            assert_eq!(
+                IdempotencyKey::from_header(&wire).unwrap().as_str(),
+                fresh.as_str()
+            );
+            assert_ne!(fresh, SharedKey::generate(generator));
+        }
     }
 
     #[test]

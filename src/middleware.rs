@@ -28,7 +28,7 @@ use crate::admission::RetryKind;
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
 use crate::error::{KeyError, RetryError};
-use crate::idempotency::IdempotencyKey;
+use crate::idempotency::{IdempotencyKey, SharedKey};
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
 use crate::report::{ReportSlot, RetryReport, StopReason};
@@ -61,7 +61,7 @@ impl Middleware for RetryMiddleware {
     // future holds the request once and nothing it no longer needs.
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
-        mut request: Request,
+        request: Request,
         extensions: &'life1 mut Extensions,
         next: Next<'life2>,
     ) -> BoxFuture<'async_trait, reqwest_middleware::Result<Response>>
@@ -74,7 +74,7 @@ impl Middleware for RetryMiddleware {
         let policy = &self.policy;
         let settings = &policy.settings;
         let options = extensions.get::<RequestOptions>();
-        let key = match self.attach_key(&mut request, options) {
+        let (key, key_header) = match self.choose_key(&request, options) {
             Ok(key) => key,
             Err(e) => {
                 let mut report = RetryReport::new();
@@ -95,18 +95,29 @@ impl Middleware for RetryMiddleware {
                 .or(settings.attempt_timeout),
         };
         let classifier = options.and_then(|o| o.classifier.clone());
-        let span = tracing::info_span!(
-            "retry",
-            http.request.method = %request.method(),
-            server.address = request.url().host_str().unwrap_or_default(),
-            url.path = request.url().path(),
-            idempotency_key = key.as_ref().map(IdempotencyKey::as_str),
-            http.request.resend_count = tracing::field::Empty,
-            stop_reason = tracing::field::Empty,
-        );
+        // Built only where someone may listen: once a subscriber has been
+        // set (the span then asks it, by its own name and target), or where
+        // a logger would print the span's fields (tracing's `log` feature).
+        // With neither, building it would only format fields for nobody.
+        // `has_been_set` is tracing's own test for eliding trace points when
+        // tracing is not in use (what its macros expand to).
+        let span = if tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info) {
+            tracing::info_span!(
+                "retry",
+                http.request.method = %request.method(),
+                server.address = request.url().host_str().unwrap_or_default(),
+                url.path = request.url().path(),
+                idempotency_key = key.as_ref().map(SharedKey::as_str),
+                http.request.resend_count = tracing::field::Empty,
+                stop_reason = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
         let mut run = Run::start(policy, limits);
+        run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
-        run.report.idempotency_key = key.map(IdempotencyKey::into_string);
+        run.report.idempotency_key = key;
         let mut attempts = HttpAttempts {
             judge: Judge {
                 policy,
@@ -114,6 +125,7 @@ impl Middleware for RetryMiddleware {
                 keyed: run.report.idempotency_key.is_some(),
             },
             max_attempts: limits.max_attempts,
+            key_header,
             caller_timeout: request.timeout().copied(),
             request: Some(request),
             extensions,
@@ -147,30 +159,29 @@ impl Middleware for RetryMiddleware {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl RetryMiddleware {
-    /// Keeps a caller's key, or attaches one as the options and policy say.
-    fn attach_key(
+    /// The request's key: a caller's own, kept as it is in the request's
+    /// headers, or one chosen as the options and policy say, with the header
+    /// value every attempt is to carry.
+    fn choose_key(
         &self,
-        request: &mut Request,
+        request: &Request,
         options: Option<&RequestOptions>,
-    ) -> Result<Option<IdempotencyKey>, KeyError> {
+    ) -> Result<(Option<SharedKey>, Option<HeaderValue>), KeyError> {
         let settings = &self.policy.settings;
         if let Some(existing) = request.headers().get(&settings.key_header) {
             // A key the caller already set is kept, never overwritten.
-            return IdempotencyKey::from_header(existing).map(Some);
+            return IdempotencyKey::from_header(existing).map(|key| (Some(key.into()), None));
         }
         let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
-            KeyChoice::Skip => return Ok(None),
-            KeyChoice::Use(key) => key.clone(),
+            KeyChoice::Skip => return Ok((None, None)),
+            KeyChoice::Use(key) => SharedKey::from(key.clone()),
             KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
-                IdempotencyKey::generate(settings.key_generator)
+                SharedKey::generate(settings.key_generator)
             }
-            KeyChoice::Auto => return Ok(None),
+            KeyChoice::Auto => return Ok((None, None)),
         };
         let value = key.header_value(settings.key_format)?;
-        request
-            .headers_mut()
-            .insert(settings.key_header.clone(), value);
-        Ok(Some(key))
+        Ok((Some(key), Some(value)))
     }
 }
 
@@ -179,6 +190,11 @@ impl RetryMiddleware {
 struct HttpAttempts<'a> {
     judge: Judge<'a>,
     max_attempts: u32,
+    /// The key header each attempt adds to the request it sends (`None`
+    /// when there is no key, or when the caller's request carries its own):
+    /// the copy kept for the next attempt then holds the caller's headers
+    /// alone, and copying it copies no header the caller did not set.
+    key_header: Option<HeaderValue>,
     caller_timeout: Option<std::time::Duration>,
     /// The request the next attempt sends; `None` once a body that cannot
     /// be copied has been sent.
@@ -217,6 +233,10 @@ impl Attempt for HttpAttempts<'_> {
             let timeout = shorter(self.caller_timeout, ctx.timeout());
             if timeout != self.caller_timeout {
                 *request.timeout_mut() = timeout;
+            }
+            if let Some(value) = &self.key_header {
+                let name = self.judge.policy.settings.key_header.clone();
+                request.headers_mut().insert(name, value.clone());
             }
             stamp_headers(self.judge.policy, &mut request, &ctx);
             let method = request.method().clone();
@@ -263,6 +283,16 @@ impl Judge<'_> {
         result: &reqwest_middleware::Result<Response>,
     ) -> Verdict {
         let policy = self.policy;
+        // The common case first: a 1xx-3xx and no classifier but the
+        // default, which calls it a success (as `safety::judge` does).
+        if let Ok(r) = result {
+            if r.status().as_u16() < 400
+                && self.classifier.is_none()
+                && policy.classifiers.is_empty()
+            {
+                return Verdict::Success;
+            }
+        }
         let attempt = HttpAttempt {
             method,
             carried_key: self.keyed,

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::idempotency::SharedKey;
 use crate::runtime::lock;
 
 /// Why the retry loop stopped. An enum, not a string, so callers can match.
@@ -72,7 +73,7 @@ pub struct RetryReport {
     pub(crate) delays: Vec<Duration>,
     pub(crate) admission_wait: Duration,
     pub(crate) elapsed: Duration,
-    pub(crate) idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<SharedKey>,
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
 }
@@ -114,7 +115,7 @@ impl RetryReport {
 
     /// The Idempotency-Key every attempt carried, if any.
     pub fn idempotency_key(&self) -> Option<&str> {
-        self.idempotency_key.as_deref()
+        self.idempotency_key.as_ref().map(SharedKey::as_str)
     }
 
     /// Why the loop stopped.
@@ -138,7 +139,7 @@ impl serde::Serialize for RetryReport {
         s.serialize_field("delays_ms", &delays)?;
         s.serialize_field("admission_wait_ms", &ms(self.admission_wait))?;
         s.serialize_field("elapsed_ms", &ms(self.elapsed))?;
-        s.serialize_field("idempotency_key", &self.idempotency_key)?;
+        s.serialize_field("idempotency_key", &self.idempotency_key())?;
         s.serialize_field("stop_reason", &self.stop_reason)?;
         s.serialize_field("retry_after_honoured", &self.retry_after_honoured)?;
         s.end()
