@@ -3,23 +3,16 @@
 //! lease extended. Paused time: the ticker's sleeps advance a virtual
 //! clock, nothing sleeps for real.
 mod support;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{app, post, send, spawn_waiting, Faulty, Harness};
+use support::{app, assert_lease_kept, spawn_waiting, Faulty, Harness};
 
 #[tokio::test(start_paused = true)]
 async fn leases_are_extended_again_after_an_idle_spell() {
     let h = Harness::memory().await;
     let store = Arc::new(Faulty::new(h.store.clone()));
-    let layer = h
-        .builder_over(store.clone())
-        .lock_timeout(Duration::from_secs(3))
-        .heartbeat_every(Duration::from_millis(5))
-        .build()
-        .unwrap();
-    let (router, state) = app(layer);
+    let (router, state) = app(h.heartbeat_layer(store.clone()));
 
     for round in 0..3 {
         let key = format!("k{round}");
@@ -28,11 +21,7 @@ async fn leases_are_extended_again_after_an_idle_spell() {
         let started = state.started.notified();
         let waiting = spawn_waiting(&router, &key, "a");
         started.await;
-        h.advance(Duration::from_secs(10)).await;
-        store
-            .wait_extends(store.extends.load(Ordering::SeqCst), 2)
-            .await;
-        send(&router, post(&key, "a")).await.assert_problem(409);
+        assert_lease_kept(&h, &store, &router, &key, 1).await;
         state.proceed.notify_one();
         assert_eq!(waiting.await.unwrap().status, 201);
     }

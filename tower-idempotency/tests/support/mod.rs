@@ -211,6 +211,17 @@ impl Harness {
         (layer, store)
     }
 
+    /// A layer over `store` whose locks time out after 3 s and whose leases
+    /// are extended every 5 ms: a test moves the store's clock past the lock
+    /// timeout and waits for the extensions (see [`assert_lease_kept`]).
+    pub fn heartbeat_layer(&self, store: Arc<Faulty>) -> IdempotencyLayer {
+        self.builder_over(store)
+            .lock_timeout(Duration::from_secs(3))
+            .heartbeat_every(Duration::from_millis(5))
+            .build()
+            .expect("valid settings")
+    }
+
     /// The scope the layer stores a request of `tenant` under.
     pub fn stored_scope(&self, tenant: &str) -> String {
         let parts = Request::post("/payments")
@@ -372,6 +383,12 @@ pub struct Faulty {
     pub inner: Arc<dyn IdempotencyStore>,
     /// Number of `extend_lease` calls that reached the inner store.
     pub extends: AtomicUsize,
+    /// Extensions of this key never return (a store call that stalls).
+    pub stalled_key: Option<&'static str>,
+    /// Number of extensions of `stalled_key` that began (and never ended).
+    pub stalled: AtomicUsize,
+    /// The next extension of this key panics (taken when it does).
+    pub panic_next_extend: std::sync::Mutex<Option<&'static str>>,
     /// When set, `extend_lease` does nothing (a replica that is dead or cut
     /// off: its lease is never extended).
     pub no_heartbeat: bool,
@@ -391,6 +408,9 @@ impl Faulty {
         Self {
             inner,
             extends: AtomicUsize::new(0),
+            stalled_key: None,
+            stalled: AtomicUsize::new(0),
+            panic_next_extend: std::sync::Mutex::new(None),
             no_heartbeat: false,
             failing_completes: AtomicUsize::new(0),
             completes: AtomicUsize::new(0),
@@ -402,6 +422,12 @@ impl Faulty {
     /// Waits (bounded) until `n` more leases were extended than `since`.
     pub async fn wait_extends(&self, since: usize, n: usize) {
         self.wait_for(&self.extends, since + n, "the lease was never extended")
+            .await;
+    }
+
+    /// Waits (bounded) until `n` extensions of `stalled_key` have begun.
+    pub async fn wait_stalled(&self, n: usize) {
+        self.wait_for(&self.stalled, n, "the stalled lease was never extended")
             .await;
     }
 
@@ -474,6 +500,21 @@ impl IdempotencyStore for Faulty {
         if self.no_heartbeat {
             return Ok(true);
         }
+        if self.stalled_key == Some(key) {
+            self.stalled.fetch_add(1, Ordering::SeqCst);
+            self.changed.notify_waiters();
+            return std::future::pending().await;
+        }
+        let panic_now = {
+            let mut next = self
+                .panic_next_extend
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            next.take_if(|k| *k == key).is_some()
+        };
+        if panic_now {
+            panic!("extending the lease panicked on purpose");
+        }
         let extended = self.inner.extend_lease(scope, key, lease).await;
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
@@ -489,5 +530,25 @@ impl IdempotencyStore for Faulty {
     }
     async fn sweep_expired(&self) -> Result<u64, tower_idempotency::StoreError> {
         self.inner.sweep_expired().await
+    }
+}
+
+/// Moves the store's clock far past the lock timeout `times` times while the
+/// handler of `key` runs: each time its lease is extended all the same (two
+/// extensions, so at least one began after the clock moved), and a
+/// duplicate is told to wait (409), never run.
+pub async fn assert_lease_kept(
+    h: &Harness,
+    store: &Faulty,
+    router: &Router,
+    key: &str,
+    times: usize,
+) {
+    for _ in 0..times {
+        h.advance(Duration::from_secs(10)).await;
+        store
+            .wait_extends(store.extends.load(Ordering::SeqCst), 2)
+            .await;
+        send(router, post(key, "a")).await.assert_problem(409);
     }
 }
