@@ -8,7 +8,7 @@ use http::{header, HeaderName, Method, StatusCode};
 
 use crate::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
 use crate::scope::ScopeRule;
-use crate::store::IdempotencyStore;
+use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 
 /// Default lock timeout: short, because live handlers extend their lease.
 pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -33,6 +33,25 @@ pub(crate) struct Config {
     /// in one transaction.
     #[cfg(feature = "postgres")]
     pub(crate) transactional: Option<crate::PostgresStore>,
+}
+
+impl Config {
+    /// The claim of `key` under `scope`, with this layer's lock timeout and
+    /// expiry.
+    pub(crate) fn claim<'a>(
+        &self,
+        scope: &'a str,
+        key: &'a str,
+        fingerprint: Fingerprint,
+    ) -> ClaimRequest<'a> {
+        ClaimRequest {
+            scope,
+            key,
+            fingerprint,
+            lock_timeout: self.lock_timeout,
+            ttl: self.expiry,
+        }
+    }
 }
 
 impl Default for Config {

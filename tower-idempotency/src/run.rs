@@ -30,7 +30,7 @@ use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value, to_response, to_stored};
-use crate::store::{ClaimOutcome, ClaimRequest, IdempotencyStore, LeaseToken, StoredResponse};
+use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoredResponse};
 
 /// Attempts to store a response before falling back to the marker.
 const COMPLETE_ATTEMPTS: u32 = 3;
@@ -69,15 +69,7 @@ where
     async move {
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let scope = config.scope.stored_scope(&parts);
-        let claimed = store
-            .claim(ClaimRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint,
-                lock_timeout: config.lock_timeout,
-                ttl: config.expiry,
-            })
-            .await;
+        let claimed = store.claim(config.claim(&scope, &key, fingerprint)).await;
         let lease = match answer_without_running(claimed, &config) {
             Ok(lease) => lease,
             Err(answer) => return Ok(answer),

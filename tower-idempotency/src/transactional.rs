@@ -35,7 +35,7 @@ use crate::postgres::{db_err, PostgresStore};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{retry_after_value, to_stored};
 use crate::run::{answer_without_running, store_error_answer};
-use crate::store::{ClaimRequest, StoreError};
+use crate::store::StoreError;
 
 /// A locked [`IdempotencyTransaction`]: dereferences to the sqlx
 /// `Transaction`, so statements run on `&mut **guard`.
@@ -128,16 +128,7 @@ where
         }
     };
     let claimed = pg
-        .claim_on(
-            &mut tx,
-            ClaimRequest {
-                scope: &scope,
-                key: &key,
-                fingerprint,
-                lock_timeout: config.lock_timeout,
-                ttl: config.expiry,
-            },
-        )
+        .claim_on(&mut tx, config.claim(&scope, &key, fingerprint))
         .await;
     let lease = match answer_without_running(claimed, &config) {
         Ok(lease) => lease,
