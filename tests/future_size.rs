@@ -2,6 +2,8 @@
 //! and a box over glibc's small-allocation limit takes malloc's slow path.
 //! Issue 9 measured 2 936 bytes before; the goal is under 1 KiB.
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -9,6 +11,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+use support::Canned;
 
 /// Records the size of the future the rest of the chain returns.
 struct Probe(Arc<AtomicUsize>);
@@ -25,21 +28,6 @@ impl Middleware for Probe {
         self.0
             .store(std::mem::size_of_val(&*future), Ordering::SeqCst);
         future.await
-    }
-}
-
-/// Answers 200 without a socket.
-struct Canned;
-
-#[async_trait::async_trait]
-impl Middleware for Canned {
-    async fn handle(
-        &self,
-        _: Request,
-        _: &mut Extensions,
-        _: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        Ok(Response::from(http::Response::new("ok")))
     }
 }
 
