@@ -103,8 +103,9 @@ struct Faults {
 enum Fate {
     Pass,
     Answer503,
-    /// Forward after this long: longer than the client's attempt timeout.
-    Delay(Duration),
+    /// Forward only once the client has hung up (its attempt timed out), so
+    /// the server processes a request whose client is already retrying.
+    Delay,
     DropResponse,
     /// Forward, then close both connections after this long: the handler
     /// has made its payment and is waiting out its after-effect time.
@@ -138,7 +139,7 @@ async fn start_proxy(
                 if pick(rates.answer_503) {
                     Fate::Answer503
                 } else if pick(rates.delay) {
-                    Fate::Delay(Duration::from_millis(rng.random_range(450..650)))
+                    Fate::Delay
                 } else if pick(rates.drop_response) {
                     Fate::DropResponse
                 } else if pick(rates.close_while_working) {
@@ -166,10 +167,15 @@ async fn proxy_one(client: TcpStream, upstream: SocketAddr, fate: Fate, faults: 
             .await;
         return;
     }
-    if let Fate::Delay(delay) = fate {
-        // The server still processes the request while the client retries.
+    if let Fate::Delay = fate {
+        // Held until the client gives up on this attempt and closes its
+        // connection (an event, not a guess at how long that takes); then
+        // the server still processes the request while the client retries.
+        // The bound only keeps a client that never hangs up from stalling
+        // the test.
         faults.delayed.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(delay).await;
+        let mut byte = [0u8; 1];
+        let _ = tokio::time::timeout(Duration::from_secs(10), client.read(&mut byte)).await;
     }
     let Ok(mut server) = TcpStream::connect(upstream).await else {
         return;
@@ -349,7 +355,8 @@ async fn every_payment_the_client_saw_succeed_exists_exactly_once() {
     let policy = RetryPolicy::builder()
         .max_attempts(10)
         .backoff(Duration::from_millis(10), Duration::from_millis(200))
-        // Longer than a handler's 120 ms, shorter than a delayed request.
+        // Longer than a handler's 120 ms; a delayed request is held until it
+        // fires and the client hangs up.
         .attempt_timeout(Duration::from_millis(400))
         .deadline(Duration::from_secs(30))
         .min_attempt_window(Duration::from_millis(10))
