@@ -18,6 +18,7 @@
 //! takes only its own requests' leases along); a ticker with nothing to
 //! extend stops, and the next registration starts it again.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -34,7 +35,7 @@ const SHARDS: usize = 8;
 /// the request, the keeper and the handler's
 /// [`IdempotencyContext`](crate::IdempotencyContext) (one allocation).
 pub(crate) struct Kept {
-    pub(crate) scope: String,
+    pub(crate) scope: Cow<'static, str>,
     pub(crate) key: String,
     pub(crate) lease: LeaseToken,
     /// An extension is under way: the next tick leaves this lease alone.
@@ -44,7 +45,7 @@ pub(crate) struct Kept {
 }
 
 impl Kept {
-    pub(crate) fn new(scope: String, key: String, lease: LeaseToken) -> Self {
+    pub(crate) fn new(scope: Cow<'static, str>, key: String, lease: LeaseToken) -> Self {
         Self {
             scope,
             key,

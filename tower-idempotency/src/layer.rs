@@ -3,6 +3,7 @@
 //! in the response future (see `run.rs`) and handed to a task of its own if
 //! that future is dropped (`inline.rs`).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -49,7 +50,11 @@ pub struct IdempotencyContext {
 impl IdempotencyContext {
     /// Creates a context (the layer does this; useful in tests).
     pub fn new(scope: impl Into<String>, key: impl Into<String>, lease: LeaseToken) -> Self {
-        Self::from_kept(Arc::new(Kept::new(scope.into(), key.into(), lease)))
+        Self::from_kept(Arc::new(Kept::new(
+            Cow::Owned(scope.into()),
+            key.into(),
+            lease,
+        )))
     }
 
     pub(crate) fn from_kept(kept: Arc<Kept>) -> Self {
@@ -188,7 +193,7 @@ impl IdempotencyLayer {
     /// lower-case hexadecimal characters) of the caller identity, never the
     /// identity itself.
     pub fn stored_scope(&self, parts: &Parts) -> String {
-        self.config.scope.stored_scope(parts)
+        self.config.scope.stored_scope(parts).into_owned()
     }
 }
 

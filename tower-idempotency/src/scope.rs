@@ -6,6 +6,7 @@
 //! domain tag, so the anonymous scope, a credential's scope and a custom
 //! scope can never coincide.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -40,8 +41,10 @@ fn field(hasher: &mut Sha256, bytes: &[u8]) {
 }
 
 impl ScopeRule {
-    /// The scope the store sees for this request.
-    pub(crate) fn stored_scope(&self, parts: &Parts) -> String {
+    /// The scope the store sees for this request. Borrowed for every
+    /// request without credentials (the one anonymous digest, computed
+    /// once), so those cost no allocation.
+    pub(crate) fn stored_scope(&self, parts: &Parts) -> Cow<'static, str> {
         let mut hasher = Sha256::new();
         match self {
             Self::Authorization => {
@@ -49,7 +52,7 @@ impl ScopeRule {
                 if values.peek().is_none() {
                     // The same digest for every anonymous request: computed
                     // once, not hashed per request.
-                    return ANONYMOUS.clone();
+                    return Cow::Borrowed(ANONYMOUS.as_str());
                 }
                 field(&mut hasher, b"tower-idempotency/authorization");
                 for value in values {
@@ -61,7 +64,7 @@ impl ScopeRule {
                 field(&mut hasher, scope(parts).as_bytes());
             }
         }
-        hex(&hasher.finalize())
+        Cow::Owned(hex(&hasher.finalize()))
     }
 }
 

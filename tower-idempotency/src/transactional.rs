@@ -143,7 +143,7 @@ where
     parts.extensions.insert(handle.clone());
     parts
         .extensions
-        .insert(IdempotencyContext::new(&scope, &key, lease));
+        .insert(IdempotencyContext::new(&*scope, &key, lease));
     // Run in this future, not in a task of its own: there is no lease to
     // keep alive beside it, and a panic is caught here as well as by a task.
     let outcome =
