@@ -14,10 +14,10 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderName, Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::body::{collect, CollectError};
 use crate::config::{Config, IdempotencyLayerBuilder};
 use crate::inline::Detach;
 use crate::keeper::{Kept, LeaseKeeper};
@@ -321,9 +321,9 @@ where
 
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let body = match Limited::new(body, config.max_request_body).collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(err) if err.is::<LengthLimitError>() => {
+            let body = match collect(body, config.max_request_body).await {
+                Ok(body) => body,
+                Err(CollectError::TooLarge) => {
                     let detail = format!(
                         "request bodies of idempotent requests are limited to {} bytes",
                         config.max_request_body

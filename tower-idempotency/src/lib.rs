@@ -151,6 +151,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod body;
 mod config;
 mod inline;
 mod keeper;

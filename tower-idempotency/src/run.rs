@@ -19,10 +19,10 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tokio::runtime::Handle;
 use tower_service::Service;
 
+use crate::body::{collect, CollectError};
 use crate::config::Config;
 use crate::inline::{call_catching, poll_catching, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
@@ -200,10 +200,10 @@ where
     let (parts, body) = response.into_parts();
     // The body is the handler's code too: a stream that panics leaves the
     // marker instead of unwinding past the claim.
-    let mut collecting = pin!(Limited::new(body, config.max_response_body).collect());
+    let mut collecting = pin!(collect(body, config.max_response_body));
     let collected = poll_fn(|cx| poll_catching(collecting.as_mut(), cx)).await;
     let body = match collected {
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Ok(body)) => body,
         Err(Panicked) => {
             let detail = format!(
                 "the handler completed with status {} but its response body panicked",
@@ -212,19 +212,18 @@ where
             return Ok(to_response(claim.leave_marker(&detail).await, false));
         }
         Ok(Err(err)) => {
-            let detail = if err.is::<LengthLimitError>() {
-                format!(
+            let detail = match err {
+                CollectError::TooLarge => format!(
                     "the handler completed with status {} but its response is larger than the \
                      {} bytes that can be kept for replay",
                     parts.status.as_u16(),
                     config.max_response_body
-                )
-            } else {
-                format!(
+                ),
+                CollectError::Failed(err) => format!(
                     "the handler completed with status {} but its response body failed: {}",
                     parts.status.as_u16(),
                     err
-                )
+                ),
             };
             return Ok(to_response(claim.leave_marker(&detail).await, false));
         }

@@ -22,11 +22,11 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use sqlx::{Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_service::Service;
 
+use crate::body::collect;
 use crate::config::Config;
 use crate::inline::{catch_unwind, Panicked};
 use crate::key::fingerprint;
@@ -176,8 +176,8 @@ where
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match Limited::new(body, config.max_response_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let body = match collect(body, config.max_response_body).await {
+        Ok(body) => body,
         Err(err) => {
             rollback(tx).await;
             let detail = format!(
