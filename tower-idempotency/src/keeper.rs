@@ -256,7 +256,11 @@ async fn extend(store: Arc<dyn IdempotencyStore>, kept: Arc<Kept>) {
     // However this ends (answered, panicked, or dropped with its runtime),
     // the next tick may try again.
     let _extending = Extending(&kept);
-    match store.extend_lease(&kept.scope, &kept.key, kept.lease).await {
+    // Through the `dyn`: the blanket impl for `Arc` would box a second future.
+    match (*store)
+        .extend_lease(&kept.scope, &kept.key, kept.lease)
+        .await
+    {
         Ok(true) => {}
         Ok(false) => {
             // Completed by the handler in its own transaction, settled a

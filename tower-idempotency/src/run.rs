@@ -69,7 +69,11 @@ where
     async move {
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let scope = config.scope.stored_scope(&parts);
-        let claimed = store.claim(config.claim(&scope, &key, fingerprint)).await;
+        // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for `Arc`
+        // would box a second future around the store's own.
+        let claimed = (*store)
+            .claim(config.claim(&scope, &key, fingerprint))
+            .await;
         let lease = match answer_without_running(claimed, &config) {
             Ok(lease) => lease,
             Err(answer) => return Ok(answer),
@@ -263,8 +267,8 @@ impl Claim {
     /// Attempts `attempt` to store `response`; `None` if the store failed.
     async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<bool> {
         let kept = &self.kept;
-        match self
-            .store
+        // Through the `dyn` (see `process`).
+        match (*self.store)
             .complete(&kept.scope, &kept.key, kept.lease, response)
             .await
         {
@@ -326,8 +330,7 @@ impl Claim {
 
     /// Frees the key: the handler did no work.
     async fn release(&self) {
-        if let Err(err) = self
-            .store
+        if let Err(err) = (*self.store)
             .release(&self.kept.scope, &self.kept.key, self.kept.lease)
             .await
         {

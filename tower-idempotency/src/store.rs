@@ -392,7 +392,9 @@ pub fn spawn_sweeper(
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             interval.tick().await;
-            match store.sweep_expired().await {
+            // Through the `dyn`: the blanket impl for `Arc` would box a
+            // second future.
+            match (*store).sweep_expired().await {
                 Ok(n) if n > 0 => tracing::debug!(swept = n, "swept expired idempotency keys"),
                 Ok(_) => {}
                 Err(err) => {
