@@ -132,17 +132,30 @@ pub fn validate(key: &str) -> Result<(), KeyError> {
 /// [`validate`] for the key inside.
 pub fn parse(value: &[u8]) -> Result<Cow<'_, str>, KeyError> {
     let value = trim_ows(value);
-    let key = match value.strip_prefix(b"\"") {
-        Some(quoted) => Cow::Owned(unquote(quoted)?),
-        // Visible ASCII is checked before the conversion, so it cannot fail;
-        // the error arm keeps that promise without a panic.
-        None if value.iter().all(u8::is_ascii_graphic) => {
-            Cow::Borrowed(std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter)?)
+    match value.strip_prefix(b"\"") {
+        Some(quoted) => {
+            let key = unquote(quoted)?;
+            validate(&key)?;
+            Ok(Cow::Owned(key))
         }
-        None => return Err(KeyError::InvalidCharacter),
-    };
-    validate(&key)?;
-    Ok(key)
+        None => {
+            // One pass over the bytes, then the checks `validate` would make
+            // again, in its order (empty, invalid, too long).
+            if !value.iter().all(u8::is_ascii_graphic) {
+                return Err(KeyError::InvalidCharacter);
+            }
+            if value.is_empty() {
+                return Err(KeyError::Empty);
+            }
+            if value.len() > MAX_LEN {
+                return Err(KeyError::TooLong);
+            }
+            // Visible ASCII is checked above, so the conversion cannot fail;
+            // the error arm keeps that promise without a panic.
+            let key = std::str::from_utf8(value).map_err(|_| KeyError::InvalidCharacter)?;
+            Ok(Cow::Borrowed(key))
+        }
+    }
 }
 
 /// The quoted (structured-field string) wire form of `key`: `"` and `\`
