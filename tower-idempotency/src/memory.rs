@@ -1,7 +1,7 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 
 use std::collections::BTreeMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -23,33 +23,19 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Far enough in the future to mean "never" for a record's expiry.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// A record's identity: `scope` and `key` in one string, the scope's
-/// length first (`"{len}:{scope}{key}"`), so that no two pairs coincide.
-/// Shared (not copied) by the table and the eviction order.
+/// A record's identity: `scope` and `key` in one string (the record keeps
+/// the scope's length beside it, so that no two pairs coincide). Shared
+/// (not copied) by the table and the eviction order.
 type MapKey = Arc<str>;
 
-/// Writes the identity of `(scope, key)` into `buf` (reused: no allocation
-/// once it is large enough).
-fn write_id(buf: &mut String, scope: &str, key: &str) {
-    buf.clear();
-    // The length in decimal, by hand: `write!` costs a formatter per lookup.
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut len = scope.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (len % 10) as u8;
-        len /= 10;
-        if len == 0 {
-            break;
-        }
-    }
-    for &d in &digits[at..] {
-        buf.push(char::from(d));
-    }
-    buf.push(':');
-    buf.push_str(scope);
-    buf.push_str(key);
+/// The keyed hash of `(scope, key)`, over the pieces themselves: a lookup
+/// copies neither into a buffer first.
+fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write_usize(scope.len());
+    state.write(scope.as_bytes());
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 #[derive(Debug)]
@@ -69,9 +55,22 @@ struct Record {
     hash: u64,
     /// Its identity, shared with the eviction order.
     id: MapKey,
+    /// Where the scope ends in `id`.
+    scope_len: usize,
     fingerprint: Fingerprint,
     expires_at: SystemTime,
     state: State,
+}
+
+impl Record {
+    /// Whether this is the record of `(scope, key)`.
+    fn is(&self, scope: &str, key: &str) -> bool {
+        self.scope_len == scope.len()
+            && self
+                .id
+                .split_at_checked(scope.len())
+                .is_some_and(|(s, k)| s == scope && k == key)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -88,8 +87,8 @@ struct Inner {
     /// Number of leases handed out: each lease is this store's nonce and a
     /// number never handed out before.
     leases: u64,
-    /// Reused buffer for looking records up by `(scope, key)`.
-    lookup: String,
+    /// Reused buffer for a new record's identity.
+    joined: String,
 }
 
 impl Inner {
@@ -112,21 +111,24 @@ impl Inner {
         LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
     }
 
-    /// The hash of `(scope, key)` and its record; the identity is left in
-    /// `self.lookup`.
+    /// The hash of `(scope, key)` and its record.
     fn find_mut(&mut self, scope: &str, key: &str) -> (u64, Option<&mut Record>) {
-        write_id(&mut self.lookup, scope, key);
-        let hash = self.hasher.hash_one(self.lookup.as_str());
-        let lookup = self.lookup.as_str();
-        (hash, self.records.find_mut(hash, |r| *r.id == *lookup))
+        let hash = hash_of(&self.hasher, scope, key);
+        (hash, self.records.find_mut(hash, |r| r.is(scope, key)))
+    }
+
+    /// The identity of a new record of `(scope, key)`.
+    fn new_id(&mut self, scope: &str, key: &str) -> MapKey {
+        self.joined.clear();
+        self.joined.push_str(scope);
+        self.joined.push_str(key);
+        Arc::from(self.joined.as_str())
     }
 
     /// Removes the record of `(scope, key)` if `remove` says so.
     fn remove_if(&mut self, scope: &str, key: &str, remove: impl FnOnce(&Record) -> bool) -> bool {
-        write_id(&mut self.lookup, scope, key);
-        let hash = self.hasher.hash_one(self.lookup.as_str());
-        let lookup = self.lookup.as_str();
-        match self.records.find_entry(hash, |r| *r.id == *lookup) {
+        let hash = hash_of(&self.hasher, scope, key);
+        match self.records.find_entry(hash, |r| r.is(scope, key)) {
             Ok(entry) if remove(entry.get()) => {
                 entry.remove();
                 true
@@ -281,6 +283,7 @@ impl IdempotencyStore for MemoryStore {
         let fresh = |hash, id, lease| Record {
             hash,
             id,
+            scope_len: req.scope.len(),
             fingerprint: req.fingerprint,
             expires_at: later(now, req.ttl),
             state: State::InProgress {
@@ -291,7 +294,7 @@ impl IdempotencyStore for MemoryStore {
         let (hash, found) = inner.find_mut(req.scope, req.key);
         let Some(record) = found else {
             self.make_room(&mut inner, now)?;
-            let id: MapKey = Arc::from(inner.lookup.as_str());
+            let id = inner.new_id(req.scope, req.key);
             inner
                 .records
                 .insert_unique(hash, fresh(hash, id, lease), |r| r.hash);
@@ -387,24 +390,45 @@ impl IdempotencyStore for MemoryStore {
 mod tests {
     use super::*;
 
-    fn id(scope: &str, key: &str) -> String {
-        let mut buf = String::new();
-        write_id(&mut buf, scope, key);
-        buf
+    fn request<'a>(scope: &'a str, key: &'a str) -> ClaimRequest<'a> {
+        ClaimRequest {
+            scope,
+            key,
+            fingerprint: Fingerprint([0; 32]),
+            lock_timeout: Duration::from_secs(5),
+            ttl: Duration::from_secs(60),
+        }
     }
 
-    /// Moving characters between scope and key never yields the same record.
-    #[test]
-    fn ids_of_different_pairs_differ() {
-        assert_ne!(id("ab", "c"), id("a", "bc"));
-        assert_ne!(id("1:a", "b"), id("1", ":ab"));
-        assert_ne!(id("", "3:abc"), id("abc", ""));
-        assert_eq!(id("s", "k"), id("s", "k"));
-        assert_eq!(id("s", "k"), "1:sk");
-        assert_eq!(id("", "k"), "0:k");
-        assert_eq!(
-            id(&"x".repeat(1234), ""),
-            format!("1234:{}", "x".repeat(1234))
+    /// Moving characters between scope and key never yields the same
+    /// record, even when the two concatenate to the same text.
+    #[tokio::test]
+    async fn pairs_that_concatenate_alike_are_different_records() {
+        let store = MemoryStore::new();
+        let long = "x".repeat(300);
+        let pairs = [
+            ("ab", "c"),
+            ("a", "bc"),
+            ("", "abc"),
+            ("abc", ""),
+            ("1:a", "b"),
+            ("1", ":ab"),
+            (long.as_str(), ""),
+            ("x", &long[1..]),
+        ];
+        for (scope, key) in pairs {
+            let claimed = store.claim(request(scope, key)).await.unwrap();
+            assert!(
+                matches!(claimed, ClaimOutcome::Claimed(_)),
+                "{scope:?}/{key:?} found another pair's record: {claimed:?}"
+            );
+        }
+        assert_eq!(store.len(), pairs.len());
+        // The same pair is the same record.
+        let again = store.claim(request("a", "bc")).await.unwrap();
+        assert!(
+            matches!(again, ClaimOutcome::InProgress { .. }),
+            "{again:?}"
         );
     }
 
