@@ -29,7 +29,13 @@
 //! `MemoryStore`; the PostgreSQL tables truncated), so the ratio of a layer
 //! mode to its no-layer mode (`memory`/`none`, `pg-*`/`pg-none`) is paired
 //! within one round. The summary gives medians over rounds and each round's
-//! ratio. Answers other than 2xx are counted and printed: a benchmark that
+//! ratio. Beside req/s, the CPU time the server runtime's threads used per
+//! recorded request (Linux, from `/proc/self/task/*/schedstat`; time the
+//! hypervisor stole from the VM is not in it), and its ratio to the
+//! baseline's (baseline CPU / mode CPU: 1 means the layer costs nothing): on
+//! a shared machine whose speed swings, the paired CPU ratio moves much
+//! less than the throughput ratio. For the PostgreSQL modes it leaves out
+//! the database's own CPU. Answers other than 2xx are counted and printed: a benchmark that
 //! silently measures 409s or 5xx measures the wrong thing.
 //!
 //! PostgreSQL: `DATABASE_URL` (default `postgres://postgres@127.0.0.1/test`),
@@ -54,7 +60,7 @@ use axum::{Extension, Router};
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -165,6 +171,13 @@ struct Args {
     /// PostgreSQL pool size (shared by the handler and the store).
     #[arg(long, default_value_t = 10)]
     pool: u32,
+    /// Make every commit of the benchmark's PostgreSQL connections wait this
+    /// many microseconds before its WAL flush (`commit_delay`, with
+    /// `commit_siblings = 0`; needs a superuser): emulates a disk, or a
+    /// synchronous standby, whose flush costs that much more than this
+    /// machine's. 0 (the default) leaves the server's settings alone.
+    #[arg(long, default_value_t = 0)]
+    commit_delay_us: u32,
     /// Worker threads of the client runtime (the server always has 2).
     #[arg(long, default_value_t = 2)]
     client_threads: usize,
@@ -174,6 +187,9 @@ struct Args {
 #[derive(Clone, Debug)]
 struct Sample {
     rps: f64,
+    /// CPU time of the server runtime's threads per recorded request
+    /// (`None` where the kernel does not tell).
+    server_cpu: Option<Duration>,
     p50: Duration,
     p99: Duration,
     ok: u64,
@@ -329,13 +345,21 @@ fn router(mode: Mode, pg: Option<&PostgresStore>) -> Result<Router, String> {
     })
 }
 
-async fn connect_pg(pool_size: u32) -> Result<PostgresStore, String> {
+async fn connect_pg(pool_size: u32, commit_delay_us: u32) -> Result<PostgresStore, String> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".to_owned());
+    let mut options = PgConnectOptions::from_str(&url)
+        .map_err(|e| format!("DATABASE_URL={url} is not a PostgreSQL URL: {e}"))?;
+    if commit_delay_us > 0 {
+        options = options.options([
+            ("commit_delay", commit_delay_us.to_string()),
+            ("commit_siblings", "0".to_owned()),
+        ]);
+    }
     let connect = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(10))
-        .connect(&url);
+        .connect_with(options);
     let pool = match tokio::time::timeout(Duration::from_secs(5), connect).await {
         Ok(Ok(pool)) => pool,
         Ok(Err(err)) => {
@@ -451,6 +475,28 @@ async fn client(
     log
 }
 
+/// CPU time used so far by this process's threads named `name` (Linux:
+/// `/proc/self/task/*/schedstat`, in nanoseconds; time the hypervisor
+/// stole is not in it, so it moves less with a noisy neighbour than
+/// throughput does); `None` where that is not available.
+fn threads_cpu(name: &str) -> Option<Duration> {
+    let mut total = 0u64;
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = entry.ok()?.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("schedstat")) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(total))
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -482,20 +528,25 @@ fn measure(
     let warmup = Duration::from_secs_f64(args.warmup);
     let seconds = Duration::from_secs_f64(args.seconds);
     let run = uuid::Uuid::new_v4().simple().to_string();
-    let logs: Vec<ClientLog> = client_rt.block_on(async {
+    let (logs, server_cpu): (Vec<ClientLog>, _) = client_rt.block_on(async {
         let start = Instant::now();
         let record_from = start + warmup;
         let stop = Arc::new(AtomicBool::new(false));
         let tasks: Vec<_> = (0..clients)
             .map(|id| tokio::spawn(client(addr, id, run.clone(), record_from, stop.clone())))
             .collect();
-        tokio::time::sleep(warmup + seconds).await;
+        tokio::time::sleep_until(record_from.into()).await;
+        let cpu_from = threads_cpu("server");
+        tokio::time::sleep(seconds).await;
+        let cpu = cpu_from
+            .zip(threads_cpu("server"))
+            .map(|(a, b)| b.saturating_sub(a));
         stop.store(true, Ordering::Relaxed);
         let mut logs = Vec::new();
         for t in tasks {
             logs.push(t.await.unwrap_or_default());
         }
-        logs
+        (logs, cpu)
     });
     let _ = stop_server.send(());
     let _ =
@@ -511,6 +562,9 @@ fn measure(
     let count = all.len() as u64;
     Ok(Sample {
         rps: count as f64 / seconds.as_secs_f64(),
+        server_cpu: server_cpu
+            .filter(|_| count > 0)
+            .map(|cpu| cpu / u32::try_from(count).unwrap_or(u32::MAX)),
         p50: percentile(&all, 0.50),
         p99: percentile(&all, 0.99),
         ok: count - non_2xx,
@@ -540,7 +594,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let pg = if args.modes.iter().any(|m| m.needs_pg()) {
-        Some(server_rt.block_on(connect_pg(args.pool))?)
+        Some(server_rt.block_on(connect_pg(args.pool, args.commit_delay_us))?)
     } else {
         None
     };
@@ -559,7 +613,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.rounds,
         args.client_threads,
         if pg.is_some() {
-            format!(", PostgreSQL pool {}", args.pool)
+            let delay = if args.commit_delay_us > 0 {
+                format!(", commit_delay {} µs", args.commit_delay_us)
+            } else {
+                String::new()
+            };
+            format!(", PostgreSQL pool {}{delay}", args.pool)
         } else {
             String::new()
         }
@@ -589,8 +648,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!("\n### Summary: medians over {} rounds\n", args.rounds);
-    println!("| mode | clients | req/s | p50 | p99 | non-2xx | ratio (median) | ratio per round |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---|");
+    println!(
+        "| mode | clients | req/s | p50 | p99 | non-2xx | ratio (median) | ratio per round | \
+         server CPU µs/req | CPU ratio (median) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|");
     for &clients in &args.clients {
         for &mode in &args.modes {
             let samples: Vec<&Sample> = results
@@ -621,8 +683,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .join(", "),
                 )
             };
+            let cpus: Vec<f64> = samples
+                .iter()
+                .filter_map(|s| s.server_cpu.map(|c| c.as_secs_f64() * 1e6))
+                .collect();
+            let cpu = if cpus.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.1}", median(cpus))
+            };
+            let cpu_ratios: Vec<f64> = results
+                .iter()
+                .filter_map(|r| cpu_ratio(r, mode, clients))
+                .collect();
+            let cpu_ratio = if cpu_ratios.is_empty() {
+                "—".to_owned()
+            } else {
+                format!("{:.3}", median(cpu_ratios))
+            };
             println!(
-                "| {mode} | {clients} | {rps:.0} | {} | {} | {non_2xx} | {ratio_median} | {per_round} |",
+                "| {mode} | {clients} | {rps:.0} | {} | {} | {non_2xx} | {ratio_median} | {per_round} | {cpu} | {cpu_ratio} |",
                 micros(Duration::from_secs_f64(p50)),
                 micros(Duration::from_secs_f64(p99)),
             );
@@ -653,15 +733,38 @@ fn ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<
     Some(get(mode)? / get(base)?)
 }
 
+/// The server's CPU per request of `mode`'s baseline over `mode`'s in the
+/// same round: like the throughput ratio, 1 means the layer is free.
+fn cpu_ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<f64> {
+    let base = mode.baseline()?;
+    let get = |m: Mode| {
+        round
+            .iter()
+            .find(|(x, c, _)| *x == m && *c == clients)
+            .and_then(|(_, _, s)| s.server_cpu)
+    };
+    Some(get(base)?.as_secs_f64() / get(mode)?.as_secs_f64())
+}
+
 fn print_round(round: &[(Mode, usize, Sample)], _args: &Args) {
-    println!("| mode | clients | req/s | p50 | p99 | 2xx | non-2xx | errors | ratio |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| mode | clients | req/s | p50 | p99 | 2xx | non-2xx | errors | ratio | server CPU \
+         µs/req | CPU ratio |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (mode, clients, s) in round {
         let r = ratio(round, *mode, *clients)
             .map(|r| format!("{r:.3}"))
             .unwrap_or_else(|| "—".to_owned());
+        let cpu = s
+            .server_cpu
+            .map(|c| format!("{:.1}", c.as_secs_f64() * 1e6))
+            .unwrap_or_else(|| "—".to_owned());
+        let cpu_r = cpu_ratio(round, *mode, *clients)
+            .map(|r| format!("{r:.3}"))
+            .unwrap_or_else(|| "—".to_owned());
         println!(
-            "| {mode} | {clients} | {:.0} | {} | {} | {} | {} | {} | {r} |",
+            "| {mode} | {clients} | {:.0} | {} | {} | {} | {} | {} | {r} | {cpu} | {cpu_r} |",
             s.rps,
             micros(s.p50),
             micros(s.p99),
