@@ -11,6 +11,15 @@
 //! prints the median time per request of each and the median per-round
 //! difference: what the layer adds, in nanoseconds, with no HTTP parsing or
 //! socket in the way.
+//!
+//! On a machine whose speed swings, count instructions instead (callgrind
+//! counts the same for the same binary and input, whatever else runs):
+//!
+//! ```text
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/layer_cost --only layer --tasks 1 --requests 20001
+//! # per request = (count at 20 001 - count at 1) / 20 000; `--only bare` for the handler alone
+//! ```
 
 mod support;
 use support::median;
@@ -36,6 +45,19 @@ struct Args {
     /// Concurrent tasks, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
     tasks: Vec<usize>,
+    /// Run one variant once (the first task count, the first round only)
+    /// and print its time: for counting its instructions under callgrind,
+    /// where a paired run would count both.
+    #[arg(long, value_enum)]
+    only: Option<Only>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Only {
+    /// The handler without the layer.
+    Bare,
+    /// The handler behind the layer over `MemoryStore`.
+    Layer,
 }
 
 async fn pay(
@@ -95,6 +117,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    if let Some(only) = args.only {
+        let tasks = args.tasks.first().copied().unwrap_or(1).max(1);
+        let per_task = (args.requests / tasks).max(1);
+        let took = rt.block_on(run(router(only == Only::Layer), tasks, per_task));
+        println!("{only:?}: {} ns per request", took.as_nanos());
+        return;
+    }
     println!("| tasks | no layer ns/req | memory ns/req | added ns (median of rounds) | ratio |");
     println!("|---:|---:|---:|---:|---:|");
     for &tasks in &args.tasks {
