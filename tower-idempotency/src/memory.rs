@@ -266,6 +266,35 @@ impl MemoryStore {
     }
 }
 
+impl MemoryStore {
+    /// Completes the claim held with `lease` with the response `response`
+    /// makes (called only then: a lease no longer ours copies nothing).
+    fn keep_response(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: impl FnOnce() -> StoredResponse,
+    ) -> bool {
+        let mut inner = self.lock();
+        let seq = inner.next_seq;
+        match inner.find_mut(scope, key) {
+            (hash, Some(record)) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
+            {
+                record.state = State::Completed {
+                    response: response(),
+                    seq,
+                };
+                let id = record.id.clone();
+                inner.next_seq += 1;
+                inner.completed.insert(seq, (hash, id));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 fn later(now: SystemTime, by: Duration) -> SystemTime {
     now.checked_add(by.min(FAR_FUTURE))
         .or_else(|| now.checked_add(FAR_FUTURE))
@@ -329,22 +358,17 @@ impl IdempotencyStore for MemoryStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let mut inner = self.lock();
-        let seq = inner.next_seq;
-        match inner.find_mut(scope, key) {
-            (hash, Some(record)) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
-            {
-                record.state = State::Completed {
-                    response: response.clone(),
-                    seq,
-                };
-                let id = record.id.clone();
-                inner.next_seq += 1;
-                inner.completed.insert(seq, (hash, id));
-                Ok(true)
-            }
-            _ => Ok(false),
-        }
+        Ok(self.keep_response(scope, key, lease, || response.clone()))
+    }
+
+    async fn complete_owned(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: StoredResponse,
+    ) -> Result<bool, StoreError> {
+        Ok(self.keep_response(scope, key, lease, || response))
     }
 
     async fn extend_lease(

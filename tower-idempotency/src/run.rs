@@ -30,7 +30,7 @@ use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value, to_response, to_stored};
-use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoredResponse};
+use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoreError, StoredResponse};
 
 /// Attempts to store a response before falling back to the marker.
 const COMPLETE_ATTEMPTS: u32 = 3;
@@ -230,13 +230,27 @@ where
             Ok(body) => body,
             Err(detail) => return to_response(claim.leave_marker(&detail).await, false),
         };
-        let stored = to_stored(&parts, &config.stored_headers, body.clone());
-        if !claim.complete(&stored).await {
+        // The first attempt hands the response over (a memory store keeps it
+        // without copying it); the retries, rare, store a copy made again.
+        let kept = match claim
+            .try_complete_owned(to_stored(&parts, &config.stored_headers, body.clone()))
+            .await
+        {
+            Some(done) => done,
+            None => {
+                let stored = to_stored(&parts, &config.stored_headers, body.clone());
+                // Boxed: retries (with their timer) held inline would make
+                // every request's future larger.
+                Box::pin(claim.complete_retrying(&stored)).await
+            }
+        };
+        if !kept {
             claim
                 .leave_marker(&format!(
-                "the handler completed with status {} but the store failed to keep its response",
-                stored.status
-            ))
+                    "the handler completed with status {} but the store failed to keep its \
+                     response",
+                    parts.status.as_u16()
+                ))
                 .await;
         }
         Response::from_parts(parts, ResBody::from(body))
@@ -287,14 +301,32 @@ impl Claim {
         }
     }
 
+    /// The first attempt to store a handler's response, handing it over;
+    /// `None` if the store failed.
+    async fn try_complete_owned(&self, response: StoredResponse) -> Option<bool> {
+        let kept = &self.kept;
+        // Through the `dyn` (see `process`).
+        let stored = (*self.store)
+            .complete_owned(&kept.scope, &kept.key, kept.lease, response)
+            .await;
+        self.completed(stored, 1)
+    }
+
     /// Attempts `attempt` to store `response`; `None` if the store failed.
     async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<bool> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
-        match (*self.store)
+        let stored = (*self.store)
             .complete(&kept.scope, &kept.key, kept.lease, response)
-            .await
-        {
+            .await;
+        self.completed(stored, attempt)
+    }
+
+    /// What a store's answer to attempt `attempt` means: `Some(true)` once
+    /// kept or no longer ours, `None` if the store failed.
+    fn completed(&self, stored: Result<bool, StoreError>, attempt: u32) -> Option<bool> {
+        let kept = &self.kept;
+        match stored {
             Ok(true) => Some(true),
             Ok(false) => {
                 tracing::debug!(

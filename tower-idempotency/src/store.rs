@@ -260,6 +260,21 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         response: &StoredResponse,
     ) -> Result<bool, StoreError>;
 
+    /// [`complete`](Self::complete), taking the response by value: a store
+    /// that keeps responses in memory can keep this one without copying
+    /// it. The layer stores a handler's response with this first (and with
+    /// `complete` when it tries again). The default borrows the response
+    /// and calls `complete`.
+    async fn complete_owned(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: StoredResponse,
+    ) -> Result<bool, StoreError> {
+        self.complete(scope, key, lease, &response).await
+    }
+
     /// Extends the lease of an in-progress claim held with `lease`: its lock
     /// counts as taken now (a heartbeat). The layer calls it periodically
     /// while the handler runs, so a live handler is never taken over and a
@@ -295,6 +310,15 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         (**self).complete(scope, key, lease, response).await
+    }
+    async fn complete_owned(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: StoredResponse,
+    ) -> Result<bool, StoreError> {
+        (**self).complete_owned(scope, key, lease, response).await
     }
     async fn extend_lease(
         &self,

@@ -6,6 +6,7 @@ use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, Sto
 
 both_stores!(
     claim_complete_replay,
+    complete_owned_is_complete,
     release_and_reclaim,
     lock_timeout_takeover,
     extended_lease_is_not_taken_over,
@@ -95,6 +96,40 @@ async fn claim_complete_replay(h: Harness) {
         h.store.claim(claim_req(&other, "k", B)).await.unwrap(),
         ClaimOutcome::Claimed(_)
     ));
+}
+
+/// Completing with the response handed over (what the layer does first)
+/// follows the same rules as completing with a borrowed one.
+async fn complete_owned_is_complete(h: Harness) {
+    let s = h.scope.as_str();
+    let lease = claimed(&h, "k", A).await;
+    let stale = LeaseToken::new_random();
+    assert!(!h
+        .store
+        .complete_owned(s, "k", stale, response())
+        .await
+        .unwrap());
+    assert!(h
+        .store
+        .complete_owned(s, "k", lease, response())
+        .await
+        .unwrap());
+    assert!(
+        !h.store
+            .complete_owned(s, "k", lease, response())
+            .await
+            .unwrap(),
+        "completes twice"
+    );
+    assert!(!h.store.complete(s, "k", lease, &response()).await.unwrap());
+    let state = h.store.claim(claim_req(s, "k", A)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::Completed {
+            response: response(),
+            fingerprint_matches: true
+        }
+    );
 }
 
 async fn release_and_reclaim(h: Harness) {
