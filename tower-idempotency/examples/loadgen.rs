@@ -721,29 +721,35 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Throughput of `mode` over its baseline's in the same round.
-fn ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<f64> {
+/// `value` of `mode` and of its baseline in the same round.
+fn paired(
+    round: &[(Mode, usize, Sample)],
+    mode: Mode,
+    clients: usize,
+    value: impl Fn(&Sample) -> Option<f64>,
+) -> Option<(f64, f64)> {
     let base = mode.baseline()?;
     let get = |m: Mode| {
         round
             .iter()
             .find(|(x, c, _)| *x == m && *c == clients)
-            .map(|(_, _, s)| s.rps)
+            .and_then(|(_, _, s)| value(s))
     };
-    Some(get(mode)? / get(base)?)
+    Some((get(mode)?, get(base)?))
+}
+
+/// Throughput of `mode` over its baseline's in the same round.
+fn ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<f64> {
+    paired(round, mode, clients, |s| Some(s.rps)).map(|(m, base)| m / base)
 }
 
 /// The server's CPU per request of `mode`'s baseline over `mode`'s in the
 /// same round: like the throughput ratio, 1 means the layer is free.
 fn cpu_ratio(round: &[(Mode, usize, Sample)], mode: Mode, clients: usize) -> Option<f64> {
-    let base = mode.baseline()?;
-    let get = |m: Mode| {
-        round
-            .iter()
-            .find(|(x, c, _)| *x == m && *c == clients)
-            .and_then(|(_, _, s)| s.server_cpu)
-    };
-    Some(get(base)?.as_secs_f64() / get(mode)?.as_secs_f64())
+    paired(round, mode, clients, |s| {
+        s.server_cpu.map(|c| c.as_secs_f64())
+    })
+    .map(|(m, base)| base / m)
 }
 
 fn print_round(round: &[(Mode, usize, Sample)], _args: &Args) {

@@ -463,14 +463,7 @@ mod tests {
         let claim = |store: &MemoryStore, key: &'static str| {
             let store = store.clone();
             async move {
-                let request = ClaimRequest {
-                    scope: "s",
-                    key,
-                    fingerprint: Fingerprint([0; 32]),
-                    lock_timeout: Duration::from_secs(5),
-                    ttl: Duration::from_secs(60),
-                };
-                match store.claim(request).await.unwrap() {
+                match store.claim(request("s", key)).await.unwrap() {
                     ClaimOutcome::Claimed(lease) => lease,
                     other => panic!("{other:?}"),
                 }

@@ -44,6 +44,21 @@ fn response() -> StoredResponse {
     )
 }
 
+/// A claim of `key` finds `response()` stored, and says whether `fp` is
+/// the fingerprint it was stored with.
+async fn assert_replays(h: &Harness, key: &str, fp: Fingerprint, matches: bool) {
+    let state = h.store.claim(claim_req(&h.scope, key, fp)).await.unwrap();
+    assert_eq!(
+        state,
+        ClaimOutcome::Completed {
+            response: response(),
+            fingerprint_matches: matches
+        },
+        "{}",
+        h.name
+    );
+}
+
 async fn claim_complete_replay(h: Harness) {
     let s = h.scope.as_str();
     let lease = claimed(&h, "k", A).await;
@@ -72,22 +87,8 @@ async fn claim_complete_replay(h: Harness) {
         !h.store.complete(s, "k", lease, &response()).await.unwrap(),
         "completes twice"
     );
-    let state = h.store.claim(claim_req(s, "k", A)).await.unwrap();
-    assert_eq!(
-        state,
-        ClaimOutcome::Completed {
-            response: response(),
-            fingerprint_matches: true
-        }
-    );
-    let state = h.store.claim(claim_req(s, "k", B)).await.unwrap();
-    assert_eq!(
-        state,
-        ClaimOutcome::Completed {
-            response: response(),
-            fingerprint_matches: false
-        }
-    );
+    assert_replays(&h, "k", A, true).await;
+    assert_replays(&h, "k", B, false).await;
     // A completed key cannot be released.
     assert!(!h.store.release(s, "k", lease).await.unwrap());
     // Another scope is another namespace.
@@ -122,14 +123,7 @@ async fn complete_owned_is_complete(h: Harness) {
         "completes twice"
     );
     assert!(!h.store.complete(s, "k", lease, &response()).await.unwrap());
-    let state = h.store.claim(claim_req(s, "k", A)).await.unwrap();
-    assert_eq!(
-        state,
-        ClaimOutcome::Completed {
-            response: response(),
-            fingerprint_matches: true
-        }
-    );
+    assert_replays(&h, "k", A, true).await;
 }
 
 async fn release_and_reclaim(h: Harness) {
