@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::future::poll_fn;
-use std::pin::pin;
+use std::pin::Pin;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
@@ -40,12 +40,16 @@ impl fmt::Display for CollectError {
 
 /// Reads `body` to its end; refuses it as soon as its data passes `limit`
 /// bytes.
-pub(crate) async fn collect<B>(body: B, limit: usize) -> Result<Bytes, CollectError>
+///
+/// Borrowed, not taken: the caller drops the body. A response body is the
+/// handler's code, read with its panics caught; had this future owned it, a
+/// body whose destructor panics too would be dropped while a panic of its
+/// `poll_frame` unwinds, and two panics at once abort the process.
+pub(crate) async fn collect<B>(mut body: Pin<&mut B>, limit: usize) -> Result<Bytes, CollectError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let mut body = pin!(body);
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
     let mut len = 0usize;
@@ -82,7 +86,7 @@ where
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::pin::Pin;
+    use std::pin::pin;
     use std::task::{Context, Poll};
 
     use http_body::Frame;
@@ -118,7 +122,7 @@ mod tests {
     #[tokio::test]
     async fn one_frame_comes_back_as_it_was() {
         let data = Bytes::from_static(b"{\"amount\":10}");
-        let got = collect(Full::new(data.clone()), 100).await.unwrap();
+        let got = collect(pin!(Full::new(data.clone())), 100).await.unwrap();
         assert_eq!(got, data);
         // The same buffer, not a copy.
         assert_eq!(got.as_ptr(), data.as_ptr());
@@ -126,18 +130,20 @@ mod tests {
 
     #[tokio::test]
     async fn frames_are_joined_and_trailers_dropped() {
-        let got = collect(frames(&["ab", "", "cd", "e"], true), 5).await;
+        let got = collect(pin!(frames(&["ab", "", "cd", "e"], true)), 5).await;
         assert_eq!(got.unwrap(), "abcde");
-        let empty = collect(frames(&[], true), 0).await;
+        let empty = collect(pin!(frames(&[], true)), 0).await;
         assert_eq!(empty.unwrap(), "");
     }
 
     #[tokio::test]
     async fn the_limit_is_inclusive_and_checked_across_frames() {
-        assert!(collect(frames(&["abc", "de"], false), 5).await.is_ok());
-        let over = collect(frames(&["abc", "def"], false), 5).await;
+        assert!(collect(pin!(frames(&["abc", "de"], false)), 5)
+            .await
+            .is_ok());
+        let over = collect(pin!(frames(&["abc", "def"], false)), 5).await;
         assert!(matches!(over, Err(CollectError::TooLarge)), "{over:?}");
-        let one_big = collect(Full::new(Bytes::from_static(b"123456")), 5).await;
+        let one_big = collect(pin!(Full::new(Bytes::from_static(b"123456"))), 5).await;
         assert!(matches!(one_big, Err(CollectError::TooLarge)));
     }
 
@@ -145,7 +151,7 @@ mod tests {
     async fn a_failing_body_is_reported() {
         let mut failing = frames(&["x"], false);
         failing.0.push_back(Err("connection reset".into()));
-        let err = collect(failing, 10).await.unwrap_err();
+        let err = collect(pin!(failing), 10).await.unwrap_err();
         assert!(matches!(err, CollectError::Failed(_)));
         assert_eq!(err.to_string(), "connection reset");
     }

@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -321,7 +321,7 @@ where
 
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let body = match collect(body, config.max_request_body).await {
+            let body = match collect(pin!(body), config.max_request_body).await {
                 Ok(body) => body,
                 Err(CollectError::TooLarge) => {
                     let detail = format!(

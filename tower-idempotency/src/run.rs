@@ -220,9 +220,31 @@ where
         // place in the request's future, the others' places cannot share it.
         let collected = {
             // The body is the handler's code too: a stream that panics leaves
-            // the marker instead of unwinding past the claim.
-            let mut collecting = pin!(collect(body, config.max_response_body));
-            poll_fn(|cx| poll_catching(collecting.as_mut(), cx)).await
+            // the marker instead of unwinding past the claim. It stays here,
+            // not in the reading's future, and is dropped below with that
+            // panic caught as well: dropped while a panic of its stream
+            // unwinds, a destructor that panics too would abort the process.
+            let mut body = pin!(Some(body));
+            let collected = {
+                let mut collecting = pin!(body
+                    .as_mut()
+                    .as_pin_mut()
+                    .map(|body| collect(body, config.max_response_body)));
+                poll_fn(|cx| match collecting.as_mut().as_pin_mut() {
+                    Some(reading) => poll_catching(reading, cx),
+                    // `body` was set just above.
+                    None => Poll::Ready(Err(Panicked)),
+                })
+                .await
+            };
+            if call_catching(|| body.set(None)).is_err() {
+                // A body read in full is kept all the same: its data is here.
+                tracing::warn!(
+                    key = claim.kept.key,
+                    "the response body panicked when dropped"
+                );
+            }
+            collected
         };
         // Matched as a temporary, not a local: a local that a `match` takes
         // apart still counts as alive at every later `.await`.

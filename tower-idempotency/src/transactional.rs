@@ -16,6 +16,7 @@
 //! the two-phase mode and its recovery points.
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -176,7 +177,7 @@ where
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match collect(body, config.max_response_body).await {
+    let body = match collect(pin!(body), config.max_response_body).await {
         Ok(body) => body,
         Err(err) => {
             rollback(tx).await;

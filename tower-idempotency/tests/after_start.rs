@@ -24,6 +24,8 @@ both_stores!(
     store_failure_is_retried,
     store_failure_leaves_a_marker,
     a_panicking_response_body_leaves_a_marker,
+    a_response_body_panicking_when_read_and_dropped_leaves_a_marker,
+    a_response_body_panicking_only_when_dropped_is_kept,
     a_handler_future_panicking_on_drop_leaves_a_marker
 );
 
@@ -135,6 +137,82 @@ async fn a_panicking_response_body_leaves_a_marker(h: Harness) {
     // The handler ran and answered; reading its body panicked.
     answered_once_with_the_marker(&h, || async { Ok(Response::new(Body::new(PanickingBody))) })
         .await;
+}
+
+/// A response body whose stream panics, and whose destructor panics too.
+struct PanickingTwice;
+
+impl http_body::Body for PanickingTwice {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        panic!("response body panicked on purpose")
+    }
+}
+
+impl Drop for PanickingTwice {
+    fn drop(&mut self) {
+        panic!("response body panicked on drop on purpose")
+    }
+}
+
+/// Two panics of the handler's code, one while the other unwinds, would
+/// abort the whole server: the body is dropped only after its stream's
+/// panic is caught, and its destructor's panic is caught too.
+async fn a_response_body_panicking_when_read_and_dropped_leaves_a_marker(h: Harness) {
+    answered_once_with_the_marker(&h, || async {
+        Ok(Response::new(Body::new(PanickingTwice)))
+    })
+    .await;
+}
+
+/// A response body that streams `paid`, then panics when it is dropped.
+struct PaidThenPanicsOnDrop(bool);
+
+impl http_body::Body for PaidThenPanicsOnDrop {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if std::mem::replace(&mut self.0, true) {
+            return Poll::Ready(None);
+        }
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"paid")))))
+    }
+}
+
+impl Drop for PaidThenPanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("response body panicked on drop on purpose")
+    }
+}
+
+/// A body read in full is the handler's answer, whatever its destructor
+/// does afterwards: it is stored, answered and replayed.
+async fn a_response_body_panicking_only_when_dropped_is_kept(h: Harness) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    let handler = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new(Body::new(PaidThenPanicsOnDrop(false)))) }
+    });
+    let service = h.layer().layer(handler);
+    for replayed in [false, true] {
+        let answer = service.clone().oneshot(post("k", "a")).await.unwrap();
+        assert_eq!(answer.status(), 200, "{}", h.name);
+        assert_eq!(
+            answer.headers().contains_key("idempotent-replayed"),
+            replayed
+        );
+        let body = http_body_util::BodyExt::collect(answer.into_body()).await;
+        assert_eq!(body.unwrap().to_bytes(), "paid");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "{}", h.name);
 }
 
 /// A handler's future that completes, then panics when it is dropped.
