@@ -11,12 +11,14 @@
 //! stores them, as before.
 
 use std::fmt;
-use std::future::poll_fn;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 
+use crate::inline::{call_catching, poll_catching, Panicked};
 use crate::layer::BoxError;
 
 /// Why a body could not be read whole.
@@ -81,6 +83,42 @@ where
         (None, Some(data)) => data,
         (None, None) => Bytes::new(),
     })
+}
+
+/// Reads a response body, the handler's code, catching its panics: a
+/// stream that panics is `Err(Panicked)`. The body is held here and dropped
+/// after the reading's future, with its destructor's panic caught as well
+/// (logged): dropped while a panic of its stream unwinds, a destructor that
+/// panics too would abort the process; after a read in full, its data is
+/// the answer whatever the destructor does. A function returning an `async
+/// move` block, not an `async fn`: the block uses the body in place
+/// instead of holding a second copy (see `run::process`).
+// The layout is the point, not an oversight.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn collect_catching<B>(
+    body: B,
+    limit: usize,
+) -> impl Future<Output = Result<Result<Bytes, CollectError>, Panicked>> + Send
+where
+    B: Body<Data = Bytes> + Send,
+    B::Error: Into<BoxError>,
+{
+    async move {
+        let mut body = pin!(Some(body));
+        let collected = {
+            let mut reading = pin!(body.as_mut().as_pin_mut().map(|b| collect(b, limit)));
+            poll_fn(|cx| match reading.as_mut().as_pin_mut() {
+                Some(reading) => poll_catching(reading, cx),
+                // `body` was set just above.
+                None => Poll::Ready(Err(Panicked)),
+            })
+            .await
+        };
+        if call_catching(|| body.set(None)).is_err() {
+            tracing::warn!("a response body panicked when it was dropped");
+        }
+        collected
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use http_body::Body;
 use tokio::runtime::Handle;
 use tower_service::Service;
 
-use crate::body::{collect, CollectError};
+use crate::body::{collect_catching, CollectError};
 use crate::config::Config;
 use crate::inline::{call_catching, poll_catching, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
@@ -215,37 +215,11 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
-        // In a block of its own, so that the body's future is gone before any
-        // other `.await` below: a local alive across two of them keeps its own
-        // place in the request's future, the others' places cannot share it.
-        let collected = {
-            // The body is the handler's code too: a stream that panics leaves
-            // the marker instead of unwinding past the claim. It stays here,
-            // not in the reading's future, and is dropped below with that
-            // panic caught as well: dropped while a panic of its stream
-            // unwinds, a destructor that panics too would abort the process.
-            let mut body = pin!(Some(body));
-            let collected = {
-                let mut collecting = pin!(body
-                    .as_mut()
-                    .as_pin_mut()
-                    .map(|body| collect(body, config.max_response_body)));
-                poll_fn(|cx| match collecting.as_mut().as_pin_mut() {
-                    Some(reading) => poll_catching(reading, cx),
-                    // `body` was set just above.
-                    None => Poll::Ready(Err(Panicked)),
-                })
-                .await
-            };
-            if call_catching(|| body.set(None)).is_err() {
-                // A body read in full is kept all the same: its data is here.
-                tracing::warn!(
-                    key = claim.kept.key,
-                    "the response body panicked when dropped"
-                );
-            }
-            collected
-        };
+        // The body is the handler's code too: a stream that panics leaves
+        // the marker instead of unwinding past the claim. Its future is gone
+        // before any other `.await` below: a local alive across two of them
+        // keeps its own place in the request's future.
+        let collected = collect_catching(body, config.max_response_body).await;
         // Matched as a temporary, not a local: a local that a `match` takes
         // apart still counts as alive at every later `.await`.
         let body = match kept_body(collected, parts.status, config) {

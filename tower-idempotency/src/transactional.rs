@@ -16,7 +16,6 @@
 //! the two-phase mode and its recovery points.
 
 use std::fmt;
-use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,7 +26,7 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_service::Service;
 
-use crate::body::collect;
+use crate::body::collect_catching;
 use crate::config::Config;
 use crate::inline::{catch_unwind, Panicked};
 use crate::key::fingerprint;
@@ -177,9 +176,11 @@ where
         return Ok(response);
     }
     let (parts, body) = response.into_parts();
-    let body = match collect(pin!(body), config.max_response_body).await {
-        Ok(body) => body,
-        Err(err) => {
+    // The body is the handler's code: a stream that panics is answered like
+    // a handler that panics.
+    let body = match collect_catching(body, config.max_response_body).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(err)) => {
             rollback(tx).await;
             let detail = format!(
                 "the response could not be kept ({err}; the limit is {} bytes); the transaction \
@@ -187,6 +188,15 @@ where
                 config.max_response_body
             );
             return Ok(problem(ProblemKind::Internal, &detail, None));
+        }
+        Err(Panicked) => {
+            rollback(tx).await;
+            return Ok(problem(
+                ProblemKind::Internal,
+                "the handler's response body panicked; its transaction was rolled back, nothing \
+                 was committed",
+                None,
+            ));
         }
     };
     let stored = to_stored(&parts, &config.stored_headers, body.clone());

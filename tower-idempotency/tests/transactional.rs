@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::post as post_route;
 use axum::{Extension, Router};
 use support::{post, req, send, spawn_waiting, Harness};
@@ -18,14 +19,35 @@ struct App {
     proceed: Arc<Notify>,
 }
 
+/// A response body whose stream panics, and whose destructor panics too.
+struct PanickingTwice;
+
+impl http_body::Body for PanickingTwice {
+    type Data = axum::body::Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, std::io::Error>>> {
+        panic!("response body panicked on purpose")
+    }
+}
+
+impl Drop for PanickingTwice {
+    fn drop(&mut self) {
+        panic!("response body panicked on drop on purpose")
+    }
+}
+
 /// Writes one effect row through the request's transaction, then answers as
-/// the request headers say (`x-status`, `x-panic`, `x-size`, `x-wait`).
+/// the request headers say (`x-status`, `x-panic`, `x-body-panic`, `x-size`,
+/// `x-wait`).
 async fn pay(
     State(app): State<App>,
     Extension(tx): Extension<IdempotencyTransaction>,
     headers: HeaderMap,
     body: String,
-) -> (StatusCode, String) {
+) -> Response {
     {
         let mut conn = tx.lock().await.unwrap();
         sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", app.effects))
@@ -43,12 +65,15 @@ async fn pay(
     if get("x-panic").is_some() {
         panic!("handler panicked on purpose");
     }
+    if get("x-body-panic").is_some() {
+        return Response::new(axum::body::Body::new(PanickingTwice));
+    }
     let status = get("x-status")
         .and_then(|v| v.parse().ok())
         .and_then(|v| StatusCode::from_u16(v).ok())
         .unwrap_or(StatusCode::CREATED);
     let size = get("x-size").and_then(|v| v.parse().ok()).unwrap_or(0);
-    (status, format!("paid {body}{}", "x".repeat(size)))
+    (status, format!("paid {body}{}", "x".repeat(size))).into_response()
 }
 
 struct Setup {
@@ -170,6 +195,22 @@ async fn failures_roll_everything_back() {
     )
     .await;
     assert_eq!(invalid.status, 422);
+    assert_eq!(s.effects().await, 0);
+    // A response body that panics (and panics again when dropped, which
+    // must not abort the server): answered like the handler's panic.
+    let body_crashed = send(
+        &s.router,
+        req(
+            "POST",
+            "/payments",
+            Some("p"),
+            "1",
+            &[("x-body-panic", "1")],
+        ),
+    )
+    .await;
+    let doc = body_crashed.assert_problem(500);
+    assert!(doc["detail"].as_str().unwrap().contains("body panicked"));
     assert_eq!(s.effects().await, 0);
     // A response too large to keep: rolled back, nothing happened.
     let big = send(
