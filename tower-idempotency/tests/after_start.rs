@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use axum::body::{Body, Bytes};
 use axum::http::{Request, Response};
 use http_body::Frame;
-use support::{app, post, req, send, spawn_waiting, Faulty, Harness};
+use support::{app, post, req, send, spawn_waiting, Faulty, Harness, PanickingBody};
 use tower::{Layer, ServiceExt};
 
 both_stores!(
@@ -119,44 +119,12 @@ async fn store_failure_leaves_a_marker(h: Harness) {
     assert_eq!(state.runs(), 1, "{}", h.name);
 }
 
-/// A response body whose stream panics when it is read.
-struct PanickingBody;
-
-impl http_body::Body for PanickingBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        panic!("response body panicked on purpose")
-    }
-}
-
 async fn a_panicking_response_body_leaves_a_marker(h: Harness) {
     // The handler ran and answered; reading its body panicked.
-    answered_once_with_the_marker(&h, || async { Ok(Response::new(Body::new(PanickingBody))) })
-        .await;
-}
-
-/// A response body whose stream panics, and whose destructor panics too.
-struct PanickingTwice;
-
-impl http_body::Body for PanickingTwice {
-    type Data = Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        panic!("response body panicked on purpose")
-    }
-}
-
-impl Drop for PanickingTwice {
-    fn drop(&mut self) {
-        panic!("response body panicked on drop on purpose")
-    }
+    answered_once_with_the_marker(&h, || async {
+        Ok(Response::new(Body::new(PanickingBody { on_drop: false })))
+    })
+    .await;
 }
 
 /// Two panics of the handler's code, one while the other unwinds, would
@@ -164,7 +132,7 @@ impl Drop for PanickingTwice {
 /// panic is caught, and its destructor's panic is caught too.
 async fn a_response_body_panicking_when_read_and_dropped_leaves_a_marker(h: Harness) {
     answered_once_with_the_marker(&h, || async {
-        Ok(Response::new(Body::new(PanickingTwice)))
+        Ok(Response::new(Body::new(PanickingBody { on_drop: true })))
     })
     .await;
 }

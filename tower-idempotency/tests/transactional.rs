@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post as post_route;
 use axum::{Extension, Router};
-use support::{post, req, send, spawn_waiting, Harness};
+use support::{post, req, send, spawn_waiting, Harness, PanickingBody};
 use tokio::sync::Notify;
 use tower_idempotency::{IdempotencyLayer, IdempotencyTransaction, PostgresStore};
 
@@ -17,26 +17,6 @@ struct App {
     effects: Arc<String>,
     started: Arc<Notify>,
     proceed: Arc<Notify>,
-}
-
-/// A response body whose stream panics, and whose destructor panics too.
-struct PanickingTwice;
-
-impl http_body::Body for PanickingTwice {
-    type Data = axum::body::Bytes;
-    type Error = std::io::Error;
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, std::io::Error>>> {
-        panic!("response body panicked on purpose")
-    }
-}
-
-impl Drop for PanickingTwice {
-    fn drop(&mut self) {
-        panic!("response body panicked on drop on purpose")
-    }
 }
 
 /// Writes one effect row through the request's transaction, then answers as
@@ -66,7 +46,7 @@ async fn pay(
         panic!("handler panicked on purpose");
     }
     if get("x-body-panic").is_some() {
-        return Response::new(axum::body::Body::new(PanickingTwice));
+        return Response::new(axum::body::Body::new(PanickingBody { on_drop: true }));
     }
     let status = get("x-status")
         .and_then(|v| v.parse().ok())

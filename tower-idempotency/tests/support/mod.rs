@@ -552,3 +552,28 @@ pub async fn assert_lease_kept(
         send(router, post(key, "a")).await.assert_problem(409);
     }
 }
+
+/// A response body whose stream panics when read; with `on_drop`, its
+/// destructor panics too (two panics at once would abort the process).
+pub struct PanickingBody {
+    pub on_drop: bool,
+}
+
+impl http_body::Body for PanickingBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        panic!("response body panicked on purpose")
+    }
+}
+
+impl Drop for PanickingBody {
+    fn drop(&mut self) {
+        if self.on_drop {
+            panic!("response body panicked on drop on purpose")
+        }
+    }
+}
