@@ -13,12 +13,11 @@
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 
-use crate::inline::{call_catching, poll_catching, Panicked};
+use crate::inline::{drop_catching, poll_slot, Panicked};
 use crate::layer::BoxError;
 
 /// Why a body could not be read whole.
@@ -107,14 +106,9 @@ where
         let mut body = pin!(Some(body));
         let collected = {
             let mut reading = pin!(body.as_mut().as_pin_mut().map(|b| collect(b, limit)));
-            poll_fn(|cx| match reading.as_mut().as_pin_mut() {
-                Some(reading) => poll_catching(reading, cx),
-                // `body` was set just above.
-                None => Poll::Ready(Err(Panicked)),
-            })
-            .await
+            poll_fn(|cx| poll_slot(reading.as_mut(), cx)).await
         };
-        if call_catching(|| body.set(None)).is_err() {
+        if drop_catching(body).is_err() {
             tracing::warn!("a response body panicked when it was dropped");
         }
         collected

@@ -81,9 +81,8 @@ pub(crate) struct Panicked;
 pub(crate) async fn catch_unwind<F: Future>(
     call: impl FnOnce() -> F,
 ) -> Result<F::Output, Panicked> {
-    let future = call_catching(call)?;
-    let mut future = std::pin::pin!(future);
-    std::future::poll_fn(|cx| poll_catching(future.as_mut(), cx)).await
+    let mut future = std::pin::pin!(call_catching(call).ok());
+    std::future::poll_fn(|cx| poll_slot(future.as_mut(), cx)).await
 }
 
 /// `call()`, or `Err(Panicked)` if it panicked.
@@ -104,4 +103,25 @@ pub(crate) fn poll_catching<F: Future>(
         Ok(Poll::Pending) => Poll::Pending,
         Err(_) => Poll::Ready(Err(Panicked)),
     }
+}
+
+/// [`poll_catching`] for a future kept in an `Option` (so that its owner
+/// can drop it at a moment of its choosing, see [`drop_catching`]):
+/// `Err(Panicked)` at once for `None`, the slot of a call that panicked
+/// before it returned a future.
+pub(crate) fn poll_slot<F: Future>(
+    slot: Pin<&mut Option<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<F::Output, Panicked>> {
+    match slot.as_pin_mut() {
+        Some(future) => poll_catching(future, cx),
+        None => Poll::Ready(Err(Panicked)),
+    }
+}
+
+/// Drops what `slot` holds, turning a panic of its destructor into
+/// `Err(Panicked)`: code of the handler's (its future, its response body)
+/// is dropped where a panic is caught, not while another unwinds.
+pub(crate) fn drop_catching<T>(mut slot: Pin<&mut Option<T>>) -> Result<(), Panicked> {
+    call_catching(|| slot.set(None))
 }

@@ -264,9 +264,7 @@ impl MemoryStore {
         ))
         .transient())
     }
-}
 
-impl MemoryStore {
     /// Completes the claim held with `lease` with the response `response`
     /// makes (called only then: a lease no longer ours copies nothing).
     fn keep_response(

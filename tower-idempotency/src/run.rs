@@ -12,7 +12,6 @@
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,7 +23,7 @@ use tower_service::Service;
 
 use crate::body::{collect_catching, CollectError};
 use crate::config::Config;
-use crate::inline::{call_catching, poll_catching, Panicked};
+use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::layer::{BoxError, IdempotencyContext};
@@ -102,18 +101,11 @@ where
             // `None` if calling the service panicked before it returned a
             // future.
             let mut future = pin!(call_catching(|| inner.call(request)).ok());
-            let outcome = poll_fn(|cx| match future.as_mut().as_pin_mut() {
-                Some(running) => poll_catching(running, cx),
-                None => Poll::Ready(Err(Panicked)),
-            })
-            .await;
+            let outcome = poll_fn(|cx| poll_slot(future.as_mut(), cx)).await;
             // Dropped here, where a panic in its destructor is caught as
             // well: the handler started, so that panic too must leave the
             // marker rather than unwind past the claim.
-            match call_catching(|| future.as_mut().set(None)) {
-                Ok(()) => outcome,
-                Err(panicked) => Err(panicked),
-            }
+            drop_catching(future).and(outcome)
         };
         // Settled here, each branch awaiting only what it needs. Nothing is
         // borrowed from `outcome` or the response before it is taken apart:
@@ -226,20 +218,9 @@ where
             Ok(body) => body,
             Err(detail) => return to_response(claim.leave_marker(&detail).await, false),
         };
-        // The first attempt hands the response over (a memory store keeps it
-        // without copying it); the retries, rare, store a copy made again.
-        let kept = match claim
-            .try_complete_owned(to_stored(&parts, &config.stored_headers, body.clone()))
-            .await
-        {
-            Some(done) => done,
-            None => {
-                let stored = to_stored(&parts, &config.stored_headers, body.clone());
-                // Boxed: retries (with their timer) held inline would make
-                // every request's future larger.
-                Box::pin(claim.complete_retrying(&stored)).await
-            }
-        };
+        let kept = claim
+            .complete(|| to_stored(&parts, &config.stored_headers, body.clone()))
+            .await;
         if !kept {
             claim
                 .leave_marker(&format!(
@@ -284,16 +265,18 @@ struct Claim {
 }
 
 impl Claim {
-    /// Stores `response`, retrying a failing store a few times (the lease is
-    /// kept alive meanwhile). `true` once stored, or once the lease is no
+    /// Stores the response `response` makes, retrying a failing store a few
+    /// times (the lease is kept alive meanwhile). The first attempt hands it
+    /// over (a memory store keeps it without copying it); the retries, rare,
+    /// store a copy made again. `true` once stored, or once the lease is no
     /// longer ours (the handler completed the key itself, in its
     /// transaction, or the claim was taken over).
-    async fn complete(&self, response: &StoredResponse) -> bool {
-        match self.try_complete(response, 1).await {
+    async fn complete(&self, response: impl Fn() -> StoredResponse) -> bool {
+        match self.try_complete_owned(response()).await {
             Some(done) => done,
             // Retries (with their timer) live in a box: held inline, they
             // would make every request's future larger.
-            None => Box::pin(self.complete_retrying(response)).await,
+            None => Box::pin(self.complete_retrying(&response())).await,
         }
     }
 
@@ -369,7 +352,7 @@ impl Claim {
                 "idempotent response not retained"
             );
             let marker = marker(detail);
-            if !self.complete(&marker).await {
+            if !self.complete(|| marker.clone()).await {
                 tracing::error!(
                     key = self.kept.key,
                     "storing the not-retained marker failed; the key frees after the lock timeout"
