@@ -25,7 +25,7 @@ use reqwest_safe_retry::{
     Jitter, KeyGenerator, Outcome, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
     RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
 };
-use support::{block_on, Canned};
+use support::{block_on, without_deadline, Canned};
 
 fn backoff(jitter: Jitter) -> Backoff {
     Backoff::from_parts(
@@ -246,15 +246,7 @@ fn middleware(c: &mut Criterion) {
         ),
         (
             "retry_middleware_no_deadline",
-            canned()
-                .with(RetryMiddleware::new(
-                    RetryPolicy::builder()
-                        .no_deadline()
-                        .build()
-                        .expect("valid policy"),
-                ))
-                .with(Canned)
-                .build(),
+            canned().with(without_deadline()).with(Canned).build(),
         ),
         (
             "reqwest_retry_transient",

@@ -20,7 +20,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
-use support::{block_on, Canned};
+use support::{block_on, without_deadline, Canned};
 
 fn chain(name: &str) -> Option<ClientWithMiddleware> {
     let builder = ClientBuilder::new(reqwest::Client::new());
@@ -36,15 +36,7 @@ fn chain(name: &str) -> Option<ClientWithMiddleware> {
             .with(RetryMiddleware::new(RetryPolicy::default()))
             .with(Canned)
             .build(),
-        "safe-retry-no-deadline" => builder
-            .with(RetryMiddleware::new(
-                RetryPolicy::builder()
-                    .no_deadline()
-                    .build()
-                    .expect("a valid policy"),
-            ))
-            .with(Canned)
-            .build(),
+        "safe-retry-no-deadline" => builder.with(without_deadline()).with(Canned).build(),
         _ => return None,
     })
 }

@@ -11,7 +11,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
-use support::Canned;
+use support::canned::Canned;
 
 /// Records the size of the future the rest of the chain returns.
 struct Probe(Arc<AtomicUsize>);

@@ -10,8 +10,8 @@ mod support;
 
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+use support::canned::Canned;
 use support::spans::{field, Seen};
-use support::Canned;
 use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::Layer;

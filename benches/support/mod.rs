@@ -1,27 +1,25 @@
-//! What the benches share: a chain's end that answers without a socket, and
-//! a poller for futures that never wait.
+//! What the benches share: a chain's end that answers without a socket, the
+//! middleware without a deadline, and a poller for futures that never wait.
 
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 
-use http::Extensions;
-use reqwest_middleware::{Middleware, Next};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 
-/// The end of a middleware chain: answers `200 ok` without a socket, so a
-/// chain ending here prices its middlewares alone.
-pub struct Canned;
+#[path = "../../tests/support/canned.rs"]
+mod canned;
+pub use canned::Canned;
 
-#[async_trait::async_trait]
-impl Middleware for Canned {
-    async fn handle(
-        &self,
-        _req: reqwest::Request,
-        _extensions: &mut Extensions,
-        _next: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(http::Response::new("ok")))
-    }
+/// `RetryMiddleware` with the default policy but no deadline: no timeout
+/// is armed per request, which prices the default deadline's timer.
+pub fn without_deadline() -> RetryMiddleware {
+    RetryMiddleware::new(
+        RetryPolicy::builder()
+            .no_deadline()
+            .build()
+            .expect("a valid policy"),
+    )
 }
 
 /// Polls a future that never waits (no I/O, a sleeper that returns at

@@ -16,23 +16,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+pub mod canned;
 pub mod payments;
 pub mod spans;
-
-/// A chain's end that answers 200 without a socket.
-pub struct Canned;
-
-#[async_trait::async_trait]
-impl Middleware for Canned {
-    async fn handle(
-        &self,
-        _: reqwest::Request,
-        _: &mut Extensions,
-        _: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(http::Response::new("ok")))
-    }
-}
 
 /// A policy builder with a manual clock (sleeps are recorded, never slept) and
 /// a fixed seed.
