@@ -13,6 +13,12 @@ use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 /// Default lock timeout: short, because live handlers extend their lease.
 pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Default of [`IdempotencyLayerBuilder::completion_patience`].
+pub(crate) const DEFAULT_COMPLETION_PATIENCE: Duration = Duration::from_secs(600);
+
+/// Default of [`IdempotencyLayerBuilder::request_body_timeout`].
+pub(crate) const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The validated settings shared by a layer and its services.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -29,6 +35,10 @@ pub(crate) struct Config {
     pub(crate) max_request_body: usize,
     pub(crate) max_response_body: usize,
     pub(crate) release_statuses: Vec<StatusCode>,
+    /// How long a failing store is tried again to keep a response.
+    pub(crate) completion_patience: Duration,
+    /// How long the request body may take to arrive.
+    pub(crate) request_body_timeout: Duration,
     /// PostgreSQL's transactional mode: claim, handler writes and response
     /// in one transaction.
     #[cfg(feature = "postgres")]
@@ -74,6 +84,8 @@ impl Default for Config {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 StatusCode::UNPROCESSABLE_ENTITY,
             ],
+            completion_patience: DEFAULT_COMPLETION_PATIENCE,
+            request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
             #[cfg(feature = "postgres")]
             transactional: None,
         }
@@ -276,6 +288,29 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// How long the layer keeps trying a failing store to keep a finished
+    /// handler's response (default 10 minutes), with a growing pause of up
+    /// to 1 s. Meanwhile the key's lease is kept alive, so no retry takes
+    /// it over: a store that is gone for seconds or minutes (a database
+    /// failover) gets the response as soon as it is back, and retries get
+    /// the replay. Past it the layer answers the `410` marker and tries to
+    /// store that once more; if that fails too the key stays in progress
+    /// and is taken over once its lease is seen stale (its handler may then
+    /// run again: size this above your longest failover).
+    pub fn completion_patience(mut self, patience: Duration) -> Self {
+        self.config.completion_patience = patience;
+        self
+    }
+
+    /// How long a keyed request's body may take to arrive in full (default
+    /// 30 s); a slower one gets `408 Request Timeout` and claims nothing,
+    /// so a client trickling its body cannot hold the connection (and a
+    /// store connection in the transactional mode) for long.
+    pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.request_body_timeout = timeout;
+        self
+    }
+
     /// Checks the settings and builds the layer.
     ///
     /// # Errors
@@ -285,7 +320,11 @@ impl IdempotencyLayerBuilder {
     /// timeout, or a released status is not a 4xx or 5xx.
     pub fn build(mut self) -> Result<IdempotencyLayer, ConfigError> {
         let c = &mut self.config;
-        for (setting, value) in [("lock_timeout", c.lock_timeout), ("expiry", c.expiry)] {
+        for (setting, value) in [
+            ("lock_timeout", c.lock_timeout),
+            ("expiry", c.expiry),
+            ("request_body_timeout", c.request_body_timeout),
+        ] {
             if value.is_zero() {
                 return Err(ConfigError::new(setting, "must be longer than zero"));
             }

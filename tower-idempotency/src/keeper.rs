@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::runtime::{Handle, Id};
 
-use crate::store::{IdempotencyStore, LeaseToken};
+use crate::store::{Fingerprint, IdempotencyStore, LeaseToken};
 
 /// Slab shards: registrations on different threads rarely meet on a lock.
 const SHARDS: usize = 8;
@@ -38,10 +38,14 @@ pub(crate) struct Kept {
     pub(crate) scope: Cow<'static, str>,
     pub(crate) key: String,
     pub(crate) lease: LeaseToken,
+    /// The fingerprint of the request that claimed it.
+    pub(crate) fingerprint: Fingerprint,
     /// An extension is under way: the next tick leaves this lease alone.
     extending: AtomicBool,
     /// The store said the lease is no longer ours: extending stops.
     lost: AtomicBool,
+    /// The handler completed the key in its own transaction.
+    completed_in_tx: AtomicBool,
 }
 
 impl Kept {
@@ -50,9 +54,29 @@ impl Kept {
             scope,
             key,
             lease,
+            fingerprint: Fingerprint([0; 32]),
             extending: AtomicBool::new(false),
             lost: AtomicBool::new(false),
+            completed_in_tx: AtomicBool::new(false),
         }
+    }
+
+    /// The same, claimed by a request with `fingerprint`.
+    pub(crate) fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// Notes that the handler completed the key in its own transaction, so
+    /// the layer's own completion finding the key completed is no lost
+    /// lease.
+    pub(crate) fn note_completed_in_tx(&self) {
+        self.completed_in_tx.store(true, Ordering::Release);
+    }
+
+    /// See [`Kept::note_completed_in_tx`].
+    pub(crate) fn completed_in_tx(&self) -> bool {
+        self.completed_in_tx.load(Ordering::Acquire)
     }
 }
 

@@ -76,6 +76,13 @@ impl IdempotencyContext {
     pub fn lease(&self) -> LeaseToken {
         self.kept.lease
     }
+
+    /// Notes that the handler completed its key itself (in its own
+    /// transaction), so that the layer, finding the key completed, answers
+    /// with the handler's response instead of treating the lease as lost.
+    pub(crate) fn note_completed(&self) {
+        self.kept.note_completed_in_tx();
+    }
 }
 
 impl fmt::Debug for IdempotencyContext {
@@ -321,7 +328,19 @@ where
 
         Box::pin(async move {
             let (parts, body) = req.into_parts();
-            let body = match collect(pin!(body), config.max_request_body).await {
+            let body = pin!(body);
+            let read = tokio::time::timeout(
+                config.request_body_timeout,
+                collect(body, config.max_request_body),
+            );
+            let Ok(read) = read.await else {
+                let detail = format!(
+                    "the request body did not arrive within {:?}",
+                    config.request_body_timeout
+                );
+                return Ok(problem(ProblemKind::RequestTimeout, &detail, None));
+            };
+            let body = match read {
                 Ok(body) => body,
                 Err(CollectError::TooLarge) => {
                     let detail = format!(

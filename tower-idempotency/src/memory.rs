@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -24,8 +24,8 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// A record's identity: `scope` and `key` in one string (the record keeps
-/// the scope's length beside it, so that no two pairs coincide). Shared
-/// (not copied) by the table and the eviction order.
+/// its scope beside it, so that no two pairs coincide). Shared (not
+/// copied) by the table and the eviction order.
 type MapKey = Arc<str>;
 
 /// The keyed hash of `(scope, key)`, over the pieces themselves: a lookup
@@ -43,8 +43,13 @@ enum State {
     InProgress {
         lease: LeaseToken,
         locked_at: SystemTime,
+        /// When a claim first found this lease stale (and no extension came
+        /// since): a takeover waits a lock timeout after it.
+        stale_seen: Option<SystemTime>,
+        /// The record's time to live, renewed by each extension.
+        ttl: Duration,
     },
-    /// Completed; `seq` is the record's place in the eviction order.
+    /// Completed; `seq` is the record's place in its scope's eviction order.
     Completed { response: StoredResponse, seq: u64 },
 }
 
@@ -55,8 +60,8 @@ struct Record {
     hash: u64,
     /// Its identity, shared with the eviction order.
     id: MapKey,
-    /// Where the scope ends in `id`.
-    scope_len: usize,
+    /// Its scope, shared with the scope's accounting.
+    scope: Arc<str>,
     fingerprint: Fingerprint,
     expires_at: SystemTime,
     state: State,
@@ -65,12 +70,23 @@ struct Record {
 impl Record {
     /// Whether this is the record of `(scope, key)`.
     fn is(&self, scope: &str, key: &str) -> bool {
-        self.scope_len == scope.len()
+        self.scope.len() == scope.len()
             && self
                 .id
                 .split_at_checked(scope.len())
                 .is_some_and(|(s, k)| s == scope && k == key)
     }
+}
+
+/// What one scope (one caller) holds.
+#[derive(Debug, Default)]
+struct ScopeRecords {
+    /// Its records, in progress or completed.
+    count: usize,
+    /// Its completed records (hash and identity), oldest completion first
+    /// (entries may be stale: checked against the record's `seq` before
+    /// use).
+    completed: BTreeMap<u64, (u64, MapKey)>,
 }
 
 #[derive(Debug, Default)]
@@ -79,14 +95,17 @@ struct Inner {
     records: HashTable<Record>,
     /// Per store, random: keys chosen by clients cannot be made to collide.
     hasher: RandomState,
-    /// Completed records (hash and identity), oldest completion first
-    /// (entries may be stale: checked against the record's `seq` before use).
-    completed: BTreeMap<u64, (u64, MapKey)>,
+    /// Every scope that holds a record.
+    scopes: HashMap<Arc<str>, ScopeRecords>,
     next_seq: u64,
     next_sweep: Option<SystemTime>,
+    /// The last sweep made to find room in a full store.
+    last_full_sweep: Option<SystemTime>,
     /// Number of leases handed out: each lease is this store's nonce and a
     /// number never handed out before.
     leases: u64,
+    /// Completed records evicted before their expiry.
+    evicted: u64,
     /// Reused buffer for a new record's identity.
     joined: String,
 }
@@ -94,13 +113,26 @@ struct Inner {
 impl Inner {
     fn sweep(&mut self, now: SystemTime) -> u64 {
         let before = self.records.len();
-        self.records.retain(|record| record.expires_at > now);
-        let records = &self.records;
-        self.completed.retain(|seq, (hash, id)| {
-            matches!(
-                records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
-                Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
-            )
+        let Inner {
+            records, scopes, ..
+        } = self;
+        records.retain(|record| {
+            let live = record.expires_at > now;
+            if !live {
+                if let Some(s) = scopes.get_mut(&*record.scope) {
+                    s.count = s.count.saturating_sub(1);
+                }
+            }
+            live
+        });
+        scopes.retain(|_, s| {
+            s.completed.retain(|seq, (hash, id)| {
+                matches!(
+                    records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
+                    Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
+                )
+            });
+            s.count > 0
         });
         (before - self.records.len()) as u64
     }
@@ -117,12 +149,28 @@ impl Inner {
         (hash, self.records.find_mut(hash, |r| r.is(scope, key)))
     }
 
-    /// The identity of a new record of `(scope, key)`.
-    fn new_id(&mut self, scope: &str, key: &str) -> MapKey {
+    /// The identity of a new record of `(scope, key)`, and its scope
+    /// (counted as holding one more record).
+    fn new_id(&mut self, scope: &str, key: &str) -> (MapKey, Arc<str>) {
         self.joined.clear();
         self.joined.push_str(scope);
         self.joined.push_str(key);
-        Arc::from(self.joined.as_str())
+        let scope = match self.scopes.get_key_value(scope) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(scope),
+        };
+        self.scopes.entry(scope.clone()).or_default().count += 1;
+        (Arc::from(self.joined.as_str()), scope)
+    }
+
+    /// Counts a removed record out of its scope.
+    fn forget(&mut self, record: &Record) {
+        if let Some(s) = self.scopes.get_mut(&*record.scope) {
+            s.count = s.count.saturating_sub(1);
+            if s.count == 0 {
+                self.scopes.remove(&*record.scope);
+            }
+        }
     }
 
     /// Removes the record of `(scope, key)` if `remove` says so.
@@ -130,24 +178,49 @@ impl Inner {
         let hash = hash_of(&self.hasher, scope, key);
         match self.records.find_entry(hash, |r| r.is(scope, key)) {
             Ok(entry) if remove(entry.get()) => {
-                entry.remove();
+                let (record, _) = entry.remove();
+                self.forget(&record);
                 true
             }
             _ => false,
         }
     }
 
-    /// Removes the oldest completed record; `false` if there is none.
-    fn evict_oldest_completed(&mut self) -> bool {
-        while let Some((seq, (hash, id))) = self.completed.pop_first() {
+    /// Removes the oldest completed record of `scope`; `false` if it has
+    /// none. Only completed records: an in-progress one is never evicted.
+    fn evict_oldest_completed(&mut self, scope: &str) -> bool {
+        loop {
+            let Some((seq, (hash, id))) = self
+                .scopes
+                .get_mut(scope)
+                .and_then(|s| s.completed.pop_first())
+            else {
+                return false;
+            };
             if let Ok(entry) = self.records.find_entry(hash, |r| Arc::ptr_eq(&r.id, &id)) {
                 if matches!(entry.get().state, State::Completed { seq: s, .. } if s == seq) {
-                    entry.remove();
+                    let (record, _) = entry.remove();
+                    self.forget(&record);
+                    self.evicted += 1;
+                    tracing::warn!(
+                        scope = &*record.scope,
+                        "memory store full: a completed idempotency key was evicted before its \
+                         expiry (a retry of it would run again)"
+                    );
                     return true;
                 }
             }
         }
-        false
+    }
+
+    /// The scope that holds the most records, among those with a completed
+    /// record to give up.
+    fn largest_scope(&self) -> Option<Arc<str>> {
+        self.scopes
+            .iter()
+            .filter(|(_, s)| !s.completed.is_empty())
+            .max_by_key(|(_, s)| s.count)
+            .map(|(scope, _)| scope.clone())
     }
 }
 
@@ -159,13 +232,21 @@ impl Inner {
 /// to test expiry and lock timeouts without sleeping.
 ///
 /// Bounded: at most [`max_keys`](Self::max_keys) records (default 100 000).
-/// When a new key would exceed the bound, the oldest completed record goes
-/// (expired in-progress ones when there is none); in-progress claims are
-/// never evicted (a claim that
+/// When a new key would exceed the bound, expired records are swept first
+/// (at most once a second); then a completed record is evicted, and only
+/// from the caller that holds the most: the claiming caller's own oldest
+/// one when it holds at least an even share of the store, else the oldest
+/// one of the caller that holds the most records. So one caller flooding
+/// the store with keys evicts its own keys, never another caller's (a
+/// caller's keys are evicted by others only while it is the store's
+/// largest holder). In-progress claims are never evicted (a claim that
 /// finds only in-progress records gets a transient error, answered `503`).
-/// Expired records are swept while writing, at most once per
-/// [`sweep_every`](Self::sweep_every) (default 60 s), so no background task
-/// is needed.
+/// Every eviction of a completed record before its expiry is logged at
+/// `warn` and counted ([`evictions`](Self::evictions)): a retry of that key
+/// would run its handler again, so size `max_keys` above the keys your
+/// callers send within the expiry. Expired records are swept while
+/// writing, at most once per [`sweep_every`](Self::sweep_every) (default
+/// 60 s), so no background task is needed.
 ///
 /// Leases are numbered, not drawn at random: a lease is the store's random
 /// nonce and a counter, so no claim pays for a random number and no two
@@ -234,6 +315,13 @@ impl MemoryStore {
         self.lock().records.is_empty()
     }
 
+    /// Number of completed records evicted before their expiry to make
+    /// room (each also logged at `warn`): a retry of any of them would run
+    /// its handler again. Zero while `max_keys` is large enough.
+    pub fn evictions(&self) -> u64 {
+        self.lock().evicted
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A poisoned lock only means another thread panicked while holding it;
         // every critical section below leaves the map consistent, so continue.
@@ -248,15 +336,35 @@ impl MemoryStore {
         }
     }
 
-    /// Makes room for one new record, or explains why there is none.
-    fn make_room(&self, inner: &mut Inner, now: SystemTime) -> Result<(), StoreError> {
-        if inner.records.len() < self.max_keys.get() {
+    /// Makes room for one new record of `scope`, or explains why there is
+    /// none.
+    fn make_room(&self, inner: &mut Inner, scope: &str, now: SystemTime) -> Result<(), StoreError> {
+        let max = self.max_keys.get();
+        if inner.records.len() < max {
             return Ok(());
         }
-        // Evicting is O(log n); a sweep is O(n), so it runs here only when
-        // every record is in progress (some of them may have expired).
-        if inner.evict_oldest_completed() || inner.sweep(now) > 0 {
+        // Expired records first: a sweep is O(n), so at most once a second.
+        if inner
+            .last_full_sweep
+            .is_none_or(|at| later(at, FULL_SWEEP_EVERY) <= now)
+        {
+            inner.last_full_sweep = Some(now);
+            if inner.sweep(now) > 0 {
+                return Ok(());
+            }
+        }
+        // Then a completed record of the caller holding the most: its own
+        // when it holds at least an even share (the flooder's case, O(log
+        // n)), else the largest holder's (O(scopes)).
+        let own = inner.scopes.get(scope).map_or(0, |s| s.count);
+        let even_share = max / inner.scopes.len().max(1);
+        if own >= even_share && inner.evict_oldest_completed(scope) {
             return Ok(());
+        }
+        if let Some(largest) = inner.largest_scope() {
+            if inner.evict_oldest_completed(&largest) {
+                return Ok(());
+            }
         }
         Err(StoreError::msg(format!(
             "the memory store is full: {} keys are in progress",
@@ -276,27 +384,46 @@ impl MemoryStore {
     ) -> bool {
         let mut inner = self.lock();
         let seq = inner.next_seq;
-        match inner.find_mut(scope, key) {
+        let (hash, id, owner) = match inner.find_mut(scope, key) {
             (hash, Some(record)) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 record.state = State::Completed {
                     response: response(),
                     seq,
                 };
-                let id = record.id.clone();
-                inner.next_seq += 1;
-                inner.completed.insert(seq, (hash, id));
-                true
+                (hash, record.id.clone(), record.scope.clone())
             }
-            _ => false,
+            _ => return false,
+        };
+        inner.next_seq += 1;
+        if let Some(s) = inner.scopes.get_mut(&*owner) {
+            s.completed.insert(seq, (hash, id));
         }
+        true
     }
 }
+
+/// How often a full store may sweep to find room.
+const FULL_SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 fn later(now: SystemTime, by: Duration) -> SystemTime {
     now.checked_add(by.min(FAR_FUTURE))
         .or_else(|| now.checked_add(FAR_FUTURE))
         .unwrap_or(now)
+}
+
+/// What a claim that does not win says of a live record.
+fn outcome_of(record: &Record, fingerprint: Fingerprint) -> ClaimOutcome {
+    let fingerprint_matches = record.fingerprint == fingerprint;
+    match &record.state {
+        State::Completed { response, .. } => ClaimOutcome::Completed {
+            response: response.clone(),
+            fingerprint_matches,
+        },
+        State::InProgress { .. } => ClaimOutcome::InProgress {
+            fingerprint_matches,
+        },
+    }
 }
 
 #[async_trait]
@@ -307,46 +434,69 @@ impl IdempotencyStore for MemoryStore {
         let mut inner = self.lock();
         self.maybe_sweep(&mut inner, now);
         let lease = inner.new_lease(self.nonce);
-        let fresh = |hash, id, lease| Record {
+        let fresh = |hash, id, scope, lease| Record {
             hash,
             id,
-            scope_len: req.scope.len(),
+            scope,
             fingerprint: req.fingerprint,
             expires_at: later(now, req.ttl),
             state: State::InProgress {
                 lease,
                 locked_at: now,
+                stale_seen: None,
+                ttl: req.ttl,
             },
         };
         let (hash, found) = inner.find_mut(req.scope, req.key);
         let Some(record) = found else {
-            self.make_room(&mut inner, now)?;
-            let id = inner.new_id(req.scope, req.key);
+            self.make_room(&mut inner, req.scope, now)?;
+            let (id, scope) = inner.new_id(req.scope, req.key);
             inner
                 .records
-                .insert_unique(hash, fresh(hash, id, lease), |r| r.hash);
+                .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
             return Ok(ClaimOutcome::Claimed(lease));
         };
         if record.expires_at <= now {
-            *record = fresh(hash, record.id.clone(), lease);
+            *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
             return Ok(ClaimOutcome::Claimed(lease));
         }
         let fingerprint_matches = record.fingerprint == req.fingerprint;
-        match &record.state {
-            State::Completed { response, .. } => Ok(ClaimOutcome::Completed {
-                response: response.clone(),
-                fingerprint_matches,
-            }),
-            State::InProgress { locked_at, .. }
-                if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now =>
-            {
-                *record = fresh(hash, record.id.clone(), lease);
-                Ok(ClaimOutcome::Claimed(lease))
+        if let State::InProgress {
+            locked_at,
+            stale_seen,
+            ..
+        } = &mut record.state
+        {
+            if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now {
+                match *stale_seen {
+                    // Seen stale a lock timeout ago, and not extended since:
+                    // its owner is gone.
+                    Some(seen) if seen > *locked_at && later(seen, req.lock_timeout) <= now => {
+                        *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
+                        return Ok(ClaimOutcome::Claimed(lease));
+                    }
+                    Some(seen) if seen > *locked_at => {}
+                    // First seen stale: its owner gets a lock timeout to
+                    // come back (from an outage of the store, say).
+                    _ => *stale_seen = Some(now),
+                }
             }
-            State::InProgress { .. } => Ok(ClaimOutcome::InProgress {
-                fingerprint_matches,
-            }),
         }
+        Ok(outcome_of(record, req.fingerprint))
+    }
+
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        Ok(match inner.find_mut(scope, key).1 {
+            Some(record) if record.expires_at > now => Some(outcome_of(record, fingerprint)),
+            _ => None,
+        })
     }
 
     async fn complete(
@@ -383,10 +533,15 @@ impl IdempotencyStore for MemoryStore {
                     State::InProgress {
                         lease: l,
                         locked_at,
+                        ttl,
+                        ..
                     },
+                expires_at,
                 ..
             }) if *l == lease => {
                 *locked_at = now;
+                // A live handler's record does not expire under it.
+                *expires_at = (*expires_at).max(later(now, *ttl));
                 Ok(true)
             }
             _ => Ok(false),

@@ -19,8 +19,12 @@ use crate::store::{
     StoredResponse,
 };
 
-/// The SQL of the crate's migration, for the default table `idempotency_keys`.
-pub const MIGRATION_SQL: &str = include_str!("../migrations/0001_create_idempotency_keys.sql");
+/// The SQL of the crate's migrations, in order, for the default table
+/// `idempotency_keys`.
+pub const MIGRATION_SQL: &str = concat!(
+    include_str!("../migrations/0001_create_idempotency_keys.sql"),
+    include_str!("../migrations/0002_lease_fencing.sql"),
+);
 
 const DEFAULT_TABLE: &str = "idempotency_keys";
 
@@ -44,6 +48,7 @@ struct Queries {
     table: String,
     claim: String,
     select: String,
+    mark_stale: String,
     complete: String,
     extend: String,
     release: String,
@@ -57,23 +62,36 @@ impl Queries {
             // $4: ttl in seconds, $5: lease, $6: lock timeout in seconds.
             claim: format!(
                 "INSERT INTO {t} AS t (scope, key, request_fingerprint, status, created_at, \
-                 locked_at, lock_token, expires_at) \
+                 locked_at, lock_token, expires_at, ttl) \
                  VALUES ($1, $2, $3, 'in_progress', now(), now(), $5::uuid, \
-                 now() + make_interval(secs => $4::float8)) \
+                 now() + make_interval(secs => $4::float8), make_interval(secs => $4::float8)) \
                  ON CONFLICT (scope, key) DO UPDATE SET \
                  request_fingerprint = EXCLUDED.request_fingerprint, status = 'in_progress', \
                  response_code = NULL, headers = NULL, body = NULL, \
                  created_at = EXCLUDED.created_at, locked_at = EXCLUDED.locked_at, \
-                 lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at \
+                 lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at, \
+                 ttl = EXCLUDED.ttl, stale_seen_at = NULL \
                  WHERE t.expires_at <= now() \
                  OR (t.status = 'in_progress' \
                      AND t.request_fingerprint = EXCLUDED.request_fingerprint \
-                     AND t.locked_at <= now() - make_interval(secs => $6::float8)) \
+                     AND t.locked_at <= now() - make_interval(secs => $6::float8) \
+                     AND t.stale_seen_at > t.locked_at \
+                     AND t.stale_seen_at <= now() - make_interval(secs => $6::float8)) \
                  RETURNING lock_token::text"
             ),
             select: format!(
                 "SELECT request_fingerprint, status, response_code, headers::text AS headers, body \
                  FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > now()"
+            ),
+            // First sight of a stale lease ($3: its fingerprint, $4: the
+            // lock timeout in seconds): a takeover waits a lock timeout
+            // after it.
+            mark_stale: format!(
+                "UPDATE {t} SET stale_seen_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND request_fingerprint = $3 \
+                 AND locked_at <= now() - make_interval(secs => $4::float8) \
+                 AND (stale_seen_at IS NULL OR stale_seen_at <= locked_at)"
             ),
             complete: format!(
                 "UPDATE {t} SET status = 'completed', response_code = $4, headers = $5::jsonb, \
@@ -82,7 +100,8 @@ impl Queries {
                  AND lock_token = $3::uuid"
             ),
             extend: format!(
-                "UPDATE {t} SET locked_at = now() \
+                "UPDATE {t} SET locked_at = now(), \
+                 expires_at = GREATEST(expires_at, now() + ttl) \
                  WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
                  AND lock_token = $3::uuid"
             ),
@@ -90,7 +109,12 @@ impl Queries {
                 "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
                  AND lock_token = $3::uuid"
             ),
-            sweep: format!("DELETE FROM {t} WHERE expires_at <= now()"),
+            // One bounded batch ($1 rows); replicas sweeping at once skip
+            // each other's rows instead of waiting on them.
+            sweep: format!(
+                "DELETE FROM {t} WHERE ctid IN (SELECT ctid FROM {t} WHERE expires_at <= now() \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
         }
     }
 }
@@ -114,6 +138,45 @@ impl Queries {
 pub struct PostgresStore {
     pool: PgPool,
     queries: Arc<Queries>,
+    /// The lease pool and the sweeping schedule, shared by clones.
+    shared: Arc<Shared>,
+}
+
+/// Connections of the pool that extends leases (see
+/// [`PostgresStore::new`]).
+const LEASE_POOL_SIZE: u32 = 4;
+
+/// How long one lease extension may take, connecting included, before it
+/// counts as failed and the next heartbeat tries again.
+const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Rows deleted per sweeping statement.
+const SWEEP_BATCH: i64 = 5_000;
+
+/// Default interval of the sweeps a store starts by itself.
+const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+#[derive(Debug)]
+struct Shared {
+    /// A small pool of its own for lease extensions, opened on first use
+    /// with the main pool's connect options.
+    lease_pool: std::sync::OnceLock<PgPool>,
+    /// When the next sweep is due (`None`: sweeping is off).
+    next_sweep: std::sync::Mutex<Option<std::time::Instant>>,
+    sweep_every: Option<Duration>,
+}
+
+impl Shared {
+    fn new(sweep_every: Option<Duration>) -> Self {
+        Self {
+            lease_pool: std::sync::OnceLock::new(),
+            next_sweep: std::sync::Mutex::new(
+                sweep_every
+                    .map(|every| std::time::Instant::now() + every.min(Duration::from_secs(60))),
+            ),
+            sweep_every,
+        }
+    }
 }
 
 /// Whether retrying later may help: the connection or the pool failed, or
@@ -159,11 +222,78 @@ fn headers_json(headers: &[(String, String)]) -> Result<String, StoreError> {
 
 impl PostgresStore {
     /// A store using `pool` and the default table `idempotency_keys`.
+    ///
+    /// Lease extensions (the heartbeat of running handlers) go through a
+    /// second pool of at most 4 connections, opened on first use with
+    /// `pool`'s connect options, each call bounded to 2 s: a heartbeat
+    /// never queues behind the handlers' own connections (a handler holding
+    /// a pooled transaction, a pool too small for the load), and after an
+    /// outage of the database it is back within one heartbeat, not after
+    /// the main pool's connect back-off. Count those connections in
+    /// PostgreSQL's `max_connections`.
+    ///
+    /// The store sweeps expired records by itself, in bounded batches from
+    /// a short task started by a claim at most once per
+    /// [`sweep_every`](Self::sweep_every) (default 5 minutes).
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
             queries: Arc::new(Queries::new(DEFAULT_TABLE)),
+            shared: Arc::new(Shared::new(Some(DEFAULT_SWEEP_EVERY))),
         }
+    }
+
+    /// How often the store sweeps expired records by itself (default every
+    /// 5 minutes; `None`: never, the application calls
+    /// [`IdempotencyStore::sweep_expired`] or
+    /// [`spawn_sweeper`](crate::spawn_sweeper)). Each sweep deletes in
+    /// batches of 5 000 rows, each its own short statement, skipping rows
+    /// that another replica's sweep holds.
+    pub fn sweep_every(mut self, every: Option<Duration>) -> Self {
+        self.shared = Arc::new(Shared::new(every.filter(|e| !e.is_zero())));
+        self
+    }
+
+    /// The pool for lease extensions (see [`PostgresStore::new`]).
+    fn lease_pool(&self) -> &PgPool {
+        self.shared.lease_pool.get_or_init(|| {
+            PgPoolOptions::new()
+                .max_connections(LEASE_POOL_SIZE)
+                .acquire_timeout(LEASE_CALL_TIMEOUT)
+                .connect_lazy_with((*self.pool.connect_options()).clone())
+        })
+    }
+
+    /// Starts a sweep in a task of its own if one is due.
+    fn maybe_sweep(&self) {
+        let Some(every) = self.shared.sweep_every else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        {
+            let mut next = self
+                .shared
+                .next_sweep
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match *next {
+                Some(at) if at > now => return,
+                _ => *next = Some(now + every),
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        drop(runtime.spawn(async move {
+            match store.sweep_expired().await {
+                Ok(n) if n > 0 => tracing::debug!(swept = n, "swept expired idempotency keys"),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "sweeping expired idempotency keys failed")
+                }
+            }
+        }));
     }
 
     /// Connects a pool of [`DEFAULT_POOL_SIZE`] connections to `url` and
@@ -291,8 +421,13 @@ impl PostgresStore {
         ctx: &IdempotencyContext,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        self.complete_on(tx, ctx.scope(), ctx.key(), ctx.lease(), response)
-            .await
+        let completed = self
+            .complete_on(tx, ctx.scope(), ctx.key(), ctx.lease(), response)
+            .await?;
+        if completed {
+            ctx.note_completed();
+        }
+        Ok(completed)
     }
 
     /// Claims on `conn` (a pooled connection, or the transaction of the
@@ -305,6 +440,7 @@ impl PostgresStore {
         req: ClaimRequest<'_>,
     ) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
+        self.maybe_sweep();
         for _ in 0..8 {
             let lease = LeaseToken::new_random();
             let claimed = sqlx::query(&self.queries.claim)
@@ -315,51 +451,96 @@ impl PostgresStore {
                 .bind(lease.0.to_string())
                 .bind(interval_secs(req.lock_timeout))
                 .fetch_optional(&mut *conn)
-                .await
-                .map_err(db_err("claiming idempotency key"))?;
+                .await;
+            let claimed = match claimed {
+                // The transactional mode waits on a row an open transaction
+                // holds for at most its `lock_timeout`: that request is in
+                // progress.
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                    return Ok(ClaimOutcome::InProgress {
+                        fingerprint_matches: true,
+                    })
+                }
+                other => other.map_err(db_err("claiming idempotency key"))?,
+            };
             if claimed.is_some() {
                 return Ok(ClaimOutcome::Claimed(lease));
             }
-            let row = sqlx::query(&self.queries.select)
-                .bind(req.scope)
-                .bind(req.key)
-                .fetch_optional(&mut *conn)
-                .await
-                .map_err(db_err("reading idempotency key"))?;
-            let Some(row) = row else { continue };
-            let fp: Vec<u8> = row
-                .try_get("request_fingerprint")
-                .map_err(db_err("decode"))?;
-            let fingerprint_matches = Fingerprint::from_slice(&fp) == Some(req.fingerprint);
-            let status: String = row.try_get("status").map_err(db_err("decode"))?;
-            if status != "completed" {
-                return Ok(ClaimOutcome::InProgress {
-                    fingerprint_matches,
-                });
-            }
-            let code: Option<i16> = row.try_get("response_code").map_err(db_err("decode"))?;
-            let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
-            let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
-            let headers: Vec<(String, String)> = match headers {
-                Some(text) => serde_json::from_str(&text)
-                    .map_err(|e| StoreError::with_source("decoding stored headers", e))?,
-                None => Vec::new(),
+            let Some(outcome) = self
+                .read_on(conn, req.scope, req.key, req.fingerprint)
+                .await?
+            else {
+                continue;
             };
-            let status = code
-                .and_then(|c| u16::try_from(c).ok())
-                .ok_or_else(|| StoreError::msg("completed key without a valid response code"))?;
-            return Ok(ClaimOutcome::Completed {
-                response: StoredResponse {
-                    status,
-                    headers,
-                    body: Bytes::from(body.unwrap_or_default()),
-                },
-                fingerprint_matches,
-            });
+            if matches!(
+                outcome,
+                ClaimOutcome::InProgress {
+                    fingerprint_matches: true
+                }
+            ) {
+                // A stale lease seen for the first time: its owner gets a
+                // lock timeout to come back before a takeover.
+                sqlx::query(&self.queries.mark_stale)
+                    .bind(req.scope)
+                    .bind(req.key)
+                    .bind(req.fingerprint.as_bytes().as_slice())
+                    .bind(interval_secs(req.lock_timeout))
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db_err("marking a stale idempotency lease"))?;
+            }
+            return Ok(outcome);
         }
         Err(StoreError::msg(
             "claiming idempotency key: the row kept changing, giving up",
         ))
+    }
+
+    /// The live record of `(scope, key)` on `conn`, as a claim that did not
+    /// win sees it.
+    async fn read_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let row = sqlx::query(&self.queries.select)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err("reading idempotency key"))?;
+        let Some(row) = row else { return Ok(None) };
+        let fp: Vec<u8> = row
+            .try_get("request_fingerprint")
+            .map_err(db_err("decode"))?;
+        let fingerprint_matches = Fingerprint::from_slice(&fp) == Some(fingerprint);
+        let status: String = row.try_get("status").map_err(db_err("decode"))?;
+        if status != "completed" {
+            return Ok(Some(ClaimOutcome::InProgress {
+                fingerprint_matches,
+            }));
+        }
+        let code: Option<i16> = row.try_get("response_code").map_err(db_err("decode"))?;
+        let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
+        let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
+        let headers: Vec<(String, String)> = match headers {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| StoreError::with_source("decoding stored headers", e))?,
+            None => Vec::new(),
+        };
+        let status = code
+            .and_then(|c| u16::try_from(c).ok())
+            .ok_or_else(|| StoreError::msg("completed key without a valid response code"))?;
+        Ok(Some(ClaimOutcome::Completed {
+            response: StoredResponse {
+                status,
+                headers,
+                body: Bytes::from(body.unwrap_or_default()),
+            },
+            fingerprint_matches,
+        }))
     }
 
     pub(crate) async fn complete_on(
@@ -397,6 +578,20 @@ impl IdempotencyStore for PostgresStore {
         self.claim_on(&mut conn, req).await
     }
 
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(db_err("acquiring a connection"))?;
+        self.read_on(&mut conn, scope, key, fingerprint).await
+    }
+
     async fn complete(
         &self,
         scope: &str,
@@ -419,12 +614,20 @@ impl IdempotencyStore for PostgresStore {
         key: &str,
         lease: LeaseToken,
     ) -> Result<bool, StoreError> {
-        let result = sqlx::query(&self.queries.extend)
+        // On the lease pool, bounded: see `PostgresStore::new`.
+        let extend = sqlx::query(&self.queries.extend)
             .bind(scope)
             .bind(key)
             .bind(lease.0.to_string())
-            .execute(&self.pool)
+            .execute(self.lease_pool());
+        let result = tokio::time::timeout(LEASE_CALL_TIMEOUT, extend)
             .await
+            .map_err(|_| {
+                StoreError::msg(format!(
+                    "extending the lease of an idempotency key: no answer within {LEASE_CALL_TIMEOUT:?}"
+                ))
+                .transient()
+            })?
             .map_err(db_err("extending the lease of an idempotency key"))?;
         Ok(result.rows_affected() == 1)
     }
@@ -441,10 +644,21 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
-        let result = sqlx::query(&self.queries.sweep)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err("sweeping expired idempotency keys"))?;
-        Ok(result.rows_affected())
+        // In batches, each a short statement of its own: a table with a
+        // million expired rows shrinks batch by batch, within any
+        // `statement_timeout`, and never holds one long lock.
+        let mut swept = 0;
+        loop {
+            let batch = sqlx::query(&self.queries.sweep)
+                .bind(SWEEP_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(db_err("sweeping expired idempotency keys"))?
+                .rows_affected();
+            swept += batch;
+            if batch < SWEEP_BATCH as u64 {
+                return Ok(swept);
+            }
+        }
     }
 }

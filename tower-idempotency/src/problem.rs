@@ -23,6 +23,9 @@ pub enum ProblemKind {
     /// 413 `request_too_large`: the request body exceeds the configured
     /// limit. Nothing was claimed.
     RequestTooLarge,
+    /// 408 `request_timeout`: the request body did not arrive within the
+    /// layer's `request_body_timeout`. Nothing was claimed.
+    RequestTimeout,
     /// 409 `in_progress` (with `Retry-After`): a request with the same key
     /// and fingerprint is still running; retry later to get its response.
     InProgress,
@@ -51,6 +54,7 @@ impl ProblemKind {
         match self {
             Self::BadKey | Self::BadBody => StatusCode::BAD_REQUEST,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::InProgress => StatusCode::CONFLICT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::ResponseNotRetained => StatusCode::GONE,
@@ -71,6 +75,7 @@ impl ProblemKind {
             Self::BadKey => "invalid_key",
             Self::BadBody => "unreadable_body",
             Self::RequestTooLarge => "request_too_large",
+            Self::RequestTimeout => "request_timeout",
             Self::InProgress => "in_progress",
             Self::KeyReused => "key_reused",
             Self::ResponseNotRetained => "response_not_retained",

@@ -31,10 +31,11 @@ use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value, to_response, to_stored};
 use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoreError, StoredResponse};
 
-/// Attempts to store a response before falling back to the marker.
-const COMPLETE_ATTEMPTS: u32 = 3;
-/// Pause before the second attempt; doubled for each further one.
-const COMPLETE_BACKOFF: Duration = Duration::from_millis(50);
+/// Pause before the second attempt; doubled for each further one, up to
+/// [`COMPLETE_BACKOFF_CAP`].
+const COMPLETE_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest pause between two attempts.
+const COMPLETE_BACKOFF_CAP: Duration = Duration::from_secs(1);
 
 /// Runs a keyed request whose body has been read. Polled in the response
 /// future inside [`Detach`](crate::inline::Detach): if the client goes away
@@ -77,11 +78,15 @@ where
             Ok(lease) => lease,
             Err(answer) => return Ok(answer),
         };
-        let kept = Arc::new(Kept::new(scope, key, lease));
+        let kept = Arc::new(Kept::new(scope, key, lease).with_fingerprint(fingerprint));
         parts
             .extensions
             .insert(IdempotencyContext::from_kept(kept.clone()));
-        let claim = Claim { store, kept };
+        let claim = Claim {
+            store,
+            kept,
+            config: config.clone(),
+        };
         // Extended from the keeper's tasks, not this one: the handler runs
         // inline below and may block this task's thread.
         let keeping = keeper.keep(claim.kept.clone(), &runtime);
@@ -218,20 +223,34 @@ where
             Ok(body) => body,
             Err(detail) => return to_response(claim.leave_marker(&detail).await, false),
         };
-        let kept = claim
+        let settled = claim
             .complete(|| to_stored(&parts, &config.stored_headers, body.clone()))
             .await;
-        if !kept {
-            claim
-                .leave_marker(&format!(
+        match settled {
+            Some(Settled::Stored) => Response::from_parts(parts, ResBody::from(body)),
+            // Another request took the key over: what it stored, not ours,
+            // is the key's answer.
+            Some(Settled::Lost) => claim.answer_lost(config).await,
+            None => {
+                let detail = format!(
                     "the handler completed with status {} but the store failed to keep its \
                      response",
                     parts.status.as_u16()
-                ))
-                .await;
+                );
+                to_response(claim.leave_marker(&detail).await, false)
+            }
         }
-        Response::from_parts(parts, ResBody::from(body))
     }
+}
+
+/// `409` with `Retry-After`: the key's answer belongs to another run; the
+/// retry reads it from the store.
+fn lost_answer<B: From<Bytes>>(config: &Config) -> Response<B> {
+    problem(
+        ProblemKind::InProgress,
+        "another request with this idempotency key holds its outcome; retry to get it",
+        Some(retry_after_value(config.retry_after)),
+    )
 }
 
 /// The collected response body, or why it cannot be kept (the marker's
@@ -262,27 +281,69 @@ fn kept_body(
 struct Claim {
     store: Arc<dyn IdempotencyStore>,
     kept: Arc<Kept>,
+    /// The layer's settings (its `completion_patience`).
+    config: Arc<Config>,
+}
+
+/// How an attempt to keep a response ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settled {
+    /// Kept (by the layer, or by the handler in its own transaction).
+    Stored,
+    /// The lease is no longer ours: another request took the key over.
+    Lost,
 }
 
 impl Claim {
-    /// Stores the response `response` makes, retrying a failing store a few
-    /// times (the lease is kept alive meanwhile). The first attempt hands it
-    /// over (a memory store keeps it without copying it); the retries, rare,
-    /// store a copy made again. `true` once stored, or once the lease is no
-    /// longer ours (the handler completed the key itself, in its
-    /// transaction, or the claim was taken over).
-    async fn complete(&self, response: impl Fn() -> StoredResponse) -> bool {
+    /// Stores the response `response` makes, retrying a failing store with
+    /// a growing pause for up to the layer's `completion_patience`: long
+    /// enough to outlast a database failover (the lease is kept
+    /// alive meanwhile). The first attempt hands it over (a memory store
+    /// keeps it without copying it); the retries, rare, store a copy made
+    /// again. `None` if the store kept failing.
+    async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
         match self.try_complete_owned(response()).await {
-            Some(done) => done,
+            Some(done) => Some(done),
             // Retries (with their timer) live in a box: held inline, they
             // would make every request's future larger.
-            None => Box::pin(self.complete_retrying(&response())).await,
+            None => {
+                Box::pin(self.complete_retrying(&response(), self.config.completion_patience)).await
+            }
         }
+    }
+
+    /// The answer of an owner whose lease was lost: what the store holds
+    /// for the key (the replay of the run that took it over, `409` while
+    /// that run is in progress), never its own response as if it had won.
+    /// Boxed: a rare path.
+    fn answer_lost<'a, B: From<Bytes> + Send + 'a>(
+        &'a self,
+        config: &'a Config,
+    ) -> Pin<Box<dyn Future<Output = Response<B>> + Send + 'a>> {
+        Box::pin(async move {
+            let kept = &self.kept;
+            tracing::error!(
+                key = kept.key,
+                "idempotency lease lost while the handler ran (taken over after it was stale); \
+                 answering with what the store holds"
+            );
+            let found = (*self.store)
+                .lookup(&kept.scope, &kept.key, kept.fingerprint)
+                .await;
+            match found {
+                Ok(Some(outcome)) => match answer_without_running(Ok(outcome), config) {
+                    Err(answer) => answer,
+                    // `lookup` never claims.
+                    Ok(_) => lost_answer(config),
+                },
+                Ok(None) | Err(_) => lost_answer(config),
+            }
+        })
     }
 
     /// The first attempt to store a handler's response, handing it over;
     /// `None` if the store failed.
-    async fn try_complete_owned(&self, response: StoredResponse) -> Option<bool> {
+    async fn try_complete_owned(&self, response: StoredResponse) -> Option<Settled> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
         let stored = (*self.store)
@@ -292,7 +353,7 @@ impl Claim {
     }
 
     /// Attempts `attempt` to store `response`; `None` if the store failed.
-    async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<bool> {
+    async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<Settled> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
         let stored = (*self.store)
@@ -301,19 +362,15 @@ impl Claim {
         self.completed(stored, attempt)
     }
 
-    /// What a store's answer to attempt `attempt` means: `Some(true)` once
-    /// kept or no longer ours, `None` if the store failed.
-    fn completed(&self, stored: Result<bool, StoreError>, attempt: u32) -> Option<bool> {
+    /// What a store's answer to attempt `attempt` means, `None` if the
+    /// store failed.
+    fn completed(&self, stored: Result<bool, StoreError>, attempt: u32) -> Option<Settled> {
         let kept = &self.kept;
         match stored {
-            Ok(true) => Some(true),
-            Ok(false) => {
-                tracing::debug!(
-                    key = kept.key,
-                    "idempotency key already completed by the handler or taken over"
-                );
-                Some(true)
-            }
+            Ok(true) => Some(Settled::Stored),
+            // The handler stored its response in its own transaction.
+            Ok(false) if kept.completed_in_tx() => Some(Settled::Stored),
+            Ok(false) => Some(Settled::Lost),
             Err(err) => {
                 tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
                 None
@@ -321,17 +378,25 @@ impl Claim {
         }
     }
 
-    /// The attempts after a failed first one, with a growing pause.
-    async fn complete_retrying(&self, response: &StoredResponse) -> bool {
+    /// The attempts after a failed first one, with a growing pause, for
+    /// up to `patience`.
+    async fn complete_retrying(
+        &self,
+        response: &StoredResponse,
+        patience: Duration,
+    ) -> Option<Settled> {
+        let give_up = tokio::time::Instant::now() + patience;
         let mut pause = COMPLETE_BACKOFF;
-        for attempt in 2..=COMPLETE_ATTEMPTS {
+        let mut attempt = 1;
+        while tokio::time::Instant::now() + pause <= give_up {
             tokio::time::sleep(pause).await;
-            pause = pause.saturating_mul(2);
+            pause = pause.saturating_mul(2).min(COMPLETE_BACKOFF_CAP);
+            attempt += 1;
             if let Some(done) = self.try_complete(response, attempt).await {
-                return done;
+                return Some(done);
             }
         }
-        false
+        None
     }
 
     /// Completes the key with the "response not retained" marker and
@@ -352,7 +417,7 @@ impl Claim {
                 "idempotent response not retained"
             );
             let marker = marker(detail);
-            if !self.complete(|| marker.clone()).await {
+            if self.complete(|| marker.clone()).await.is_none() {
                 tracing::error!(
                     key = self.kept.key,
                     "storing the not-retained marker failed; the key frees after the lock timeout"

@@ -242,10 +242,37 @@ pub(crate) fn check_ids(scope: &str, key: &str) -> Result<(), StoreError> {
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically claims `(scope, key)`, or reports its current state.
     ///
-    /// A record that has expired counts as absent. An in-progress record whose
-    /// lock is older than `lock_timeout` and whose fingerprint matches is taken
-    /// over (new lease, lock refreshed).
+    /// A record that has expired counts as absent. An in-progress record
+    /// whose fingerprint matches and whose lease is *stale* (not extended for
+    /// `lock_timeout`) is taken over (new lease, lock refreshed) only in two
+    /// steps: the first claim that finds it stale marks it as seen stale and
+    /// is answered [`ClaimOutcome::InProgress`]; a claim at least
+    /// `lock_timeout` after that mark takes it over, unless the lease was
+    /// extended meanwhile. A takeover thus needs the lease stale while the
+    /// store is reachable for longer than the owner needs to reach the store
+    /// again: an owner cut off from the store for a while (a database
+    /// failover) resumes its lease before anyone takes it over, however long
+    /// the outage was.
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
+
+    /// The state of `(scope, key)` without claiming it: `None` if there is
+    /// no live record (or the store cannot tell), else
+    /// [`ClaimOutcome::InProgress`] or [`ClaimOutcome::Completed`] (never
+    /// `Claimed`), with `fingerprint_matches` against `fingerprint`.
+    ///
+    /// The layer asks it when its lease turned out lost (another request
+    /// took the key over), to answer with what the store holds rather than
+    /// as if it had won. The default says `None`: the layer then answers
+    /// `409` with `Retry-After`, and the retry reads the store's answer.
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let _ = (scope, key, fingerprint);
+        Ok(None)
+    }
 
     /// Stores the final response for a claim held with `lease`.
     ///
@@ -276,9 +303,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     }
 
     /// Extends the lease of an in-progress claim held with `lease`: its lock
-    /// counts as taken now (a heartbeat). The layer calls it periodically
-    /// while the handler runs, so a live handler is never taken over and a
-    /// dead one's claim frees one lock timeout after its last heartbeat.
+    /// counts as taken now (a heartbeat), and its expiry moves to at least
+    /// the record's time to live from now, so a live handler's record
+    /// neither goes stale nor expires. The layer calls it periodically while
+    /// the handler runs, so a live handler is never taken over; a dead
+    /// one's claim frees once it has been seen stale for a lock timeout
+    /// (see [`claim`](Self::claim)).
     ///
     /// Returns `Ok(false)` when the lease is no longer current.
     async fn extend_lease(
@@ -301,6 +331,14 @@ pub trait IdempotencyStore: Send + Sync + 'static {
 impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         (**self).claim(request).await
+    }
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        (**self).lookup(scope, key, fingerprint).await
     }
     async fn complete(
         &self,

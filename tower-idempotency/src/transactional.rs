@@ -118,7 +118,20 @@ where
 {
     let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
     let scope = config.scope.stored_scope(&parts);
-    let mut tx = match pg.pool().begin().await {
+    // A duplicate waits on the claim row's lock (held by the first
+    // request's open transaction) for at most this long, then answers 409:
+    // duplicates of one slow key cannot hold the pool's connections for the
+    // slow request's whole duration.
+    let lock_wait = duplicate_wait(&config);
+    let begin: std::borrow::Cow<'static, str> = if lock_wait == DEFAULT_DUPLICATE_WAIT {
+        std::borrow::Cow::Borrowed(DEFAULT_BEGIN)
+    } else {
+        std::borrow::Cow::Owned(format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'",
+            lock_wait.as_millis().max(1)
+        ))
+    };
+    let mut tx = match pg.pool().begin_with(begin).await {
         Ok(tx) => tx,
         Err(err) => {
             return Ok(store_error_answer(
@@ -216,6 +229,18 @@ where
         ));
     }
     Ok(Response::from_parts(parts, ResBody::from(body)))
+}
+
+/// How long a duplicate waits on a running request's claim row by default.
+const DEFAULT_DUPLICATE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The transaction's start with that wait.
+const DEFAULT_BEGIN: &str = "BEGIN; SET LOCAL lock_timeout = '1000ms'";
+
+/// The longest a duplicate waits on the claim row: the layer's lock timeout,
+/// at most 1 s.
+fn duplicate_wait(config: &Config) -> std::time::Duration {
+    config.lock_timeout.min(DEFAULT_DUPLICATE_WAIT)
 }
 
 async fn rollback(tx: Transaction<'static, Postgres>) {

@@ -5,6 +5,7 @@
 mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,6 +24,7 @@ both_stores!(
     service_error_leaves_a_marker,
     store_failure_is_retried,
     store_failure_leaves_a_marker,
+    store_failure_is_outlasted,
     a_panicking_response_body_leaves_a_marker,
     a_response_body_panicking_when_read_and_dropped_leaves_a_marker,
     a_response_body_panicking_only_when_dropped_is_kept,
@@ -99,22 +101,45 @@ async fn store_failure_is_retried(h: Harness) {
     assert_eq!(state.runs(), 1);
 }
 
-async fn store_failure_leaves_a_marker(h: Harness) {
+/// A store that fails for a while during completion (six failed writes,
+/// about 0.6 s) is outlasted: the response is kept, the key never stays in
+/// progress, and no retry runs the handler again.
+async fn store_failure_is_outlasted(h: Harness) {
     let store = Arc::new(Faulty::new(h.store.clone()));
-    // Every attempt to store the response fails; the marker gets through.
-    store.failing_completes.store(3, Ordering::SeqCst);
+    store.failing_completes.store(6, Ordering::SeqCst);
     let layer = tower_idempotency::IdempotencyLayer::builder_from_arc(store.clone())
         .build()
         .unwrap();
     let (router, state) = app(layer);
-    // The first caller still gets the handler's response ...
     let first = send(&router, post("k", "a")).await;
     assert_eq!(first.status, 201);
-    assert_eq!(first.json()["run"], 1);
-    // ... the retry the marker: the key stayed completed.
+    assert_eq!(store.completes.load(Ordering::SeqCst), 7);
+    let retry = send(&router, post("k", "a")).await;
+    assert_eq!(retry.status, 201, "{}: {:?}", h.name, retry.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    assert_eq!(state.runs(), 1, "{}", h.name);
+}
+
+async fn store_failure_leaves_a_marker(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    // The store fails for longer than the layer's patience (one attempt,
+    // and none after it): the marker gets through.
+    store.failing_completes.store(1, Ordering::SeqCst);
+    let layer = tower_idempotency::IdempotencyLayer::builder_from_arc(store.clone())
+        .completion_patience(Duration::ZERO)
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    // The first caller gets the marker, as every retry will: the owner's
+    // answer and the replays are the same response ...
+    let first = send(&router, post("k", "a")).await;
+    let first_doc = first.assert_problem(410);
+    assert!(first_doc["detail"].as_str().unwrap().contains("status 201"));
+    // ... and the key stayed completed.
     let retry = send(&router, post("k", "a")).await;
     let doc = retry.assert_problem(410);
-    assert!(doc["detail"].as_str().unwrap().contains("status 201"));
+    assert_eq!(doc, first_doc);
     assert!(retry.replayed());
     assert_eq!(state.runs(), 1, "{}", h.name);
 }

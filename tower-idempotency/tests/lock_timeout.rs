@@ -8,7 +8,9 @@ use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, StoredResponse}
 
 both_stores!(
     live_handler_is_not_taken_over,
+    live_handler_outlives_its_expiry,
     dead_owner_is_taken_over,
+    owner_back_from_an_outage_keeps_its_key,
     takeover_needs_same_fingerprint
 );
 
@@ -53,7 +55,14 @@ async fn dead_owner_is_taken_over(h: Harness) {
     // Within the default lock timeout (5 s) the key is busy.
     h.advance(Duration::from_secs(4)).await;
     send(&router_b, post("k", "a")).await.assert_problem(409);
-    // After it, replica B takes the claim over and runs the handler.
+    // After it, the first retry finds the lease stale: its owner gets one
+    // more lock timeout to come back (from an outage of the store, say) ...
+    h.advance(Duration::from_secs(2)).await;
+    send(&router_b, post("k", "a")).await.assert_problem(409);
+    h.advance(Duration::from_secs(4)).await;
+    send(&router_b, post("k", "a")).await.assert_problem(409);
+    // ... and once it has not, replica B takes the claim over and runs the
+    // handler.
     h.advance(Duration::from_secs(2)).await;
     let taken = send(&router_b, post("k", "a")).await;
     assert_eq!(taken.status, 201, "{}: {:?}", h.name, taken.body);
@@ -65,6 +74,76 @@ async fn dead_owner_is_taken_over(h: Harness) {
     assert!(replay.replayed());
     assert_eq!(replay.body, taken.body);
     assert_eq!(state_a.runs() + state_b.runs(), 2);
+}
+
+/// A handler that runs past the key's expiry keeps it: each heartbeat
+/// renews the record's time to live as well as its lock.
+async fn live_handler_outlives_its_expiry(h: Harness) {
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    let layer = h
+        .builder_over(store.clone())
+        .lock_timeout(Duration::from_secs(3))
+        .heartbeat_every(Duration::from_millis(5))
+        .expiry(Duration::from_secs(15))
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let started = state.started.notified();
+    let r = router.clone();
+    let slow = tokio::spawn(async move { send(&r, waiting()).await });
+    started.await;
+    // 40 s of store time, past the 15 s expiry: never taken over.
+    assert_lease_kept(&h, &store, &router, "k", 4).await;
+    state.proceed.notify_one();
+    assert_eq!(slow.await.unwrap().status, 201);
+    assert!(send(&router, post("k", "a")).await.replayed());
+    assert_eq!(state.runs(), 1, "{}: a live handler was taken over", h.name);
+}
+
+/// The store's view of a failover: the owner could not reach the store for
+/// longer than the lock timeout, and a retry reached it first after the
+/// outage. The retry only marks the lease as seen stale; the owner's next
+/// heartbeat, within a lock timeout of that, keeps the key.
+async fn owner_back_from_an_outage_keeps_its_key(h: Harness) {
+    let scope = h.stored_scope("");
+    let claim = |fingerprint| ClaimRequest {
+        scope: &scope,
+        key: "k",
+        fingerprint,
+        lock_timeout: Duration::from_secs(5),
+        ttl: Duration::from_secs(24 * 3600),
+    };
+    let mine = Fingerprint([1; 32]);
+    let ClaimOutcome::Claimed(lease) = h.store.claim(claim(mine)).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    for _ in 0..3 {
+        // An outage longer than the lock timeout.
+        h.advance(Duration::from_secs(7)).await;
+        let retry = h.store.claim(claim(mine)).await.unwrap();
+        assert!(
+            matches!(
+                retry,
+                ClaimOutcome::InProgress {
+                    fingerprint_matches: true
+                }
+            ),
+            "{}: {retry:?}",
+            h.name
+        );
+        // The owner is back before a lock timeout has passed since.
+        h.advance(Duration::from_secs(4)).await;
+        assert!(h.store.extend_lease(&scope, "k", lease).await.unwrap());
+        h.advance(Duration::from_secs(2)).await;
+        let retry = h.store.claim(claim(mine)).await.unwrap();
+        assert!(
+            matches!(retry, ClaimOutcome::InProgress { .. }),
+            "{}: the owner's key was taken over: {retry:?}",
+            h.name
+        );
+    }
+    let stored = StoredResponse::json(201, "{}");
+    assert!(h.store.complete(&scope, "k", lease, &stored).await.unwrap());
 }
 
 async fn takeover_needs_same_fingerprint(h: Harness) {

@@ -158,6 +158,20 @@ async fn lock_timeout_takeover(h: Harness) {
             fingerprint_matches: false
         }
     );
+    // The first claim to find the lease stale marks it; a lock timeout
+    // later, with no heartbeat since, it takes over.
+    assert_eq!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress {
+            fingerprint_matches: true
+        }
+    );
+    h.advance(Duration::from_secs(29)).await;
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    h.advance(Duration::from_secs(1)).await;
     let fresh = claimed(&h, "k", A).await;
     assert_ne!(stale, fresh);
     // The stale owner lost its lease.
@@ -201,8 +215,14 @@ async fn extended_lease_is_not_taken_over(h: Harness) {
         h.store.claim(claim_req(s, "k", A)).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
-    // Without another heartbeat it times out.
+    // Without another heartbeat it goes stale, is seen stale, and is taken
+    // over a lock timeout later.
     h.advance(Duration::from_secs(1)).await;
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    h.advance(Duration::from_secs(30)).await;
     let fresh = claimed(&h, "k", A).await;
     assert!(!h.store.extend_lease(s, "k", lease).await.unwrap());
     assert!(h.store.complete(s, "k", fresh, &response()).await.unwrap());

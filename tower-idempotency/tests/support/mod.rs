@@ -165,6 +165,7 @@ impl Harness {
                 sqlx::query(&format!(
                     "UPDATE {} SET created_at = created_at - make_interval(secs => $1), \
                      locked_at = locked_at - make_interval(secs => $1), \
+                     stale_seen_at = stale_seen_at - make_interval(secs => $1), \
                      expires_at = expires_at - make_interval(secs => $1)",
                     pg.table()
                 ))
@@ -469,6 +470,14 @@ impl IdempotencyStore for Faulty {
         request: tower_idempotency::ClaimRequest<'_>,
     ) -> Result<tower_idempotency::ClaimOutcome, tower_idempotency::StoreError> {
         self.inner.claim(request).await
+    }
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: tower_idempotency::Fingerprint,
+    ) -> Result<Option<tower_idempotency::ClaimOutcome>, tower_idempotency::StoreError> {
+        self.inner.lookup(scope, key, fingerprint).await
     }
     async fn complete(
         &self,
