@@ -58,10 +58,7 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
-                accept_open
-                    .lock()
-                    .unwrap()
-                    .spawn(forward(client, upstream));
+                accept_open.lock().unwrap().spawn(forward(client, upstream));
             }
         });
         Self { addr, up, open }

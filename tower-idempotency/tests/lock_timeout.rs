@@ -67,9 +67,18 @@ async fn dead_owner_is_taken_over(h: Harness) {
     let taken = send(&router_b, post("k", "a")).await;
     assert_eq!(taken.status, 201, "{}: {:?}", h.name, taken.body);
     assert!(!taken.replayed());
-    // Replica A finishing late does not overwrite the stored response.
+    // Replica A finishing late does not overwrite the stored response, and
+    // does not answer as if it had won: its caller gets what the store
+    // holds, the replay of replica B's run.
     state_a.proceed.notify_one();
-    assert_eq!(stuck.await.unwrap().status, 201);
+    let late = stuck.await.unwrap();
+    assert_eq!(late.status, 201);
+    assert!(
+        late.replayed(),
+        "{}: the stale owner answered its own run",
+        h.name
+    );
+    assert_eq!(late.body, taken.body);
     let replay = send(&router_b, post("k", "a")).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, taken.body);

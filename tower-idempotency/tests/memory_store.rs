@@ -105,3 +105,92 @@ async fn a_full_store_of_expired_keys_makes_room() {
     claim(&store, "c").await;
     assert!(store.len() <= 2);
 }
+
+fn scoped<'a>(scope: &'a str, key: &'a str) -> ClaimRequest<'a> {
+    ClaimRequest { scope, ..req(key) }
+}
+
+/// One caller sending ten times `max_keys` keyed requests evicts its own
+/// keys, never another caller's completed key inside its expiry; each
+/// eviction is counted.
+#[tokio::test]
+async fn a_flooding_caller_evicts_only_its_own_keys() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 100);
+    let victim = match store.claim(scoped("victim", "pay")).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("{other:?}"),
+    };
+    let paid = StoredResponse::json(201, "paid");
+    assert!(store
+        .complete("victim", "pay", victim, &paid)
+        .await
+        .unwrap());
+    for i in 0..1_000 {
+        let key = format!("flood-{i}");
+        let ClaimOutcome::Claimed(lease) = store.claim(scoped("flooder", &key)).await.unwrap()
+        else {
+            panic!("{key} not claimed")
+        };
+        let response = StoredResponse::json(404, "no such thing");
+        assert!(store
+            .complete("flooder", &key, lease, &response)
+            .await
+            .unwrap());
+    }
+    assert_eq!(store.len(), 100);
+    match store.claim(scoped("victim", "pay")).await.unwrap() {
+        ClaimOutcome::Completed { response, .. } => assert_eq!(response, paid),
+        other => panic!("the victim's payment was evicted: {other:?}"),
+    }
+    assert_eq!(store.evictions(), 901);
+    // A newcomer still gets room, from the flooder.
+    claim_in(&store, "newcomer", "k").await;
+    match store.claim(scoped("victim", "pay")).await.unwrap() {
+        ClaimOutcome::Completed { .. } => {}
+        other => panic!("the victim's payment was evicted: {other:?}"),
+    }
+}
+
+async fn claim_in(store: &MemoryStore, scope: &str, key: &str) -> LeaseToken {
+    match store.claim(scoped(scope, key)).await.unwrap() {
+        ClaimOutcome::Claimed(lease) => lease,
+        other => panic!("{scope}/{key}: expected Claimed, got {other:?}"),
+    }
+}
+
+/// A completed key that expired and was claimed again is in progress: its
+/// old completion's place in the eviction order must not evict it.
+#[tokio::test]
+async fn a_reclaimed_key_is_not_evicted_as_completed() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock.clone(), 3).sweep_every(Duration::from_secs(1_000_000));
+    let short = |key| ClaimRequest {
+        ttl: Duration::from_millis(5_200),
+        ..scoped("v", key)
+    };
+    let ClaimOutcome::Claimed(lease) = store.claim(short("a")).await.unwrap() else {
+        panic!("a not claimed")
+    };
+    let response = StoredResponse::json(201, "a");
+    assert!(store.complete("v", "a", lease, &response).await.unwrap());
+    for key in ["b1", "b2"] {
+        let lease = claim_in(&store, "f", key).await;
+        assert!(store.complete("f", key, lease, &response).await.unwrap());
+    }
+    // Full: a sweep finds nothing expired yet, and "f" gives up "b1".
+    clock.advance(Duration::from_secs(5));
+    claim_in(&store, "f", "x").await;
+    // "a" expires and is claimed again: in progress, while its completion
+    // still has a (stale) place in the eviction order.
+    clock.advance(Duration::from_millis(500));
+    claim_in(&store, "v", "a").await;
+    // Full again, too soon for another sweep: "b2" goes, never "a".
+    claim_in(&store, "v", "new").await;
+    assert!(matches!(
+        store.claim(scoped("v", "a")).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    let b2 = store.lookup("f", "b2", Fingerprint([7; 32])).await.unwrap();
+    assert_eq!(b2, None, "b2 should have made room");
+}
