@@ -241,3 +241,35 @@ async fn a_dropped_request_rolls_back_and_its_retry_runs_once() {
     );
     s.done().await;
 }
+
+/// Duplicates of one slow key wait on its claim row for at most a second,
+/// then answer 409 and give their pooled connections back: a retry storm
+/// on one slow key cannot hold the pool for the slow request's duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicates_of_a_slow_key_do_not_hold_the_pool() {
+    let s = Setup::new().await;
+    let started = s.app.started.notified();
+    let slow = spawn_waiting(&s.router, "slow", "1");
+    started.await;
+    let mut duplicates = Vec::new();
+    for _ in 0..2 {
+        let r = s.router.clone();
+        duplicates.push(tokio::spawn(
+            async move { send(&r, post("slow", "1")).await },
+        ));
+    }
+    // Answered while the slow request still runs (it waits for `proceed`):
+    // before, they waited on its row lock until it committed.
+    for duplicate in duplicates {
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(20), duplicate)
+            .await
+            .expect("a duplicate waited for the slow request to finish")
+            .unwrap();
+        reply.assert_problem(409);
+    }
+    s.app.proceed.notify_one();
+    assert_eq!(slow.await.unwrap().status, 201);
+    assert!(send(&s.router, post("slow", "1")).await.replayed());
+    assert_eq!(s.effects().await, 1);
+    s.done().await;
+}
