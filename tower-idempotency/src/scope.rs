@@ -55,8 +55,12 @@ impl ScopeRule {
                     return Cow::Borrowed(ANONYMOUS.as_str());
                 }
                 field(&mut hasher, b"tower-idempotency/authorization");
+                let mut canonical = Vec::new();
                 for value in values {
-                    field(&mut hasher, value.as_bytes());
+                    field(
+                        &mut hasher,
+                        canonical_credentials(value.as_bytes(), &mut canonical),
+                    );
                 }
             }
             Self::Custom(scope) => {
@@ -66,6 +70,46 @@ impl ScopeRule {
         }
         Cow::Owned(hex(&hasher.finalize()))
     }
+}
+
+/// The credentials in one canonical spelling, so that spellings RFC 9110
+/// §11 makes equal share a scope: the auth-scheme is case-insensitive
+/// (written with its first letter upper case and the rest lower case:
+/// `Bearer`, `Basic`, the common spelling, whose scopes are unchanged), one
+/// space separates it from the credentials however many were sent, and
+/// spaces and tabs around the value do not count. The credentials
+/// themselves (a token68 or auth-params) are compared byte for byte.
+/// Borrowed when the value is already canonical.
+fn canonical_credentials<'a>(value: &'a [u8], buffer: &'a mut Vec<u8>) -> &'a [u8] {
+    let trimmed = value.trim_ascii();
+    let (scheme, rest) = match trimmed.iter().position(|&b| b == b' ' || b == b'\t') {
+        Some(at) => (&trimmed[..at], trimmed[at..].trim_ascii_start()),
+        None => (trimmed, &[][..]),
+    };
+    let canonical_scheme = scheme.iter().enumerate().all(|(i, b)| {
+        if i == 0 {
+            !b.is_ascii_lowercase()
+        } else {
+            !b.is_ascii_uppercase()
+        }
+    });
+    let one_space = rest.is_empty() || trimmed.len() == scheme.len() + 1 + rest.len();
+    if canonical_scheme && one_space && trimmed.get(scheme.len()).is_none_or(|&b| b == b' ') {
+        return trimmed;
+    }
+    buffer.clear();
+    for (i, b) in scheme.iter().enumerate() {
+        buffer.push(if i == 0 {
+            b.to_ascii_uppercase()
+        } else {
+            b.to_ascii_lowercase()
+        });
+    }
+    if !rest.is_empty() {
+        buffer.push(b' ');
+        buffer.extend_from_slice(rest);
+    }
+    buffer
 }
 
 /// The scope of every request without an `Authorization` header.
@@ -114,6 +158,50 @@ mod tests {
         assert_ne!(
             rule.stored_scope(&parts(&[b"tower-idempotency/anonymous"])),
             anonymous
+        );
+    }
+
+    /// Spellings of one credential that RFC 9110 makes equal share a
+    /// scope; the common spelling's scope is the one earlier releases
+    /// stored; the credentials themselves stay case-sensitive.
+    #[test]
+    fn equal_spellings_of_a_credential_share_a_scope() {
+        let rule = ScopeRule::Authorization;
+        let common = rule.stored_scope(&parts(&[b"Bearer tok"]));
+        for spelling in [
+            &b"bearer tok"[..],
+            b"BEARER tok",
+            b"Bearer  tok",
+            b"Bearer\ttok",
+            b" Bearer tok\t",
+        ] {
+            assert_eq!(
+                rule.stored_scope(&parts(&[spelling])),
+                common,
+                "{:?}",
+                String::from_utf8_lossy(spelling)
+            );
+        }
+        assert_ne!(rule.stored_scope(&parts(&[b"Bearer TOK"])), common);
+        // The digest of the common spelling, as every earlier release
+        // computed it.
+        let mut hasher = Sha256::new();
+        field(&mut hasher, b"tower-idempotency/authorization");
+        field(&mut hasher, b"Bearer tok");
+        assert_eq!(common, hex(&hasher.finalize()));
+    }
+
+    /// Every `Authorization` value counts, not only the first.
+    #[test]
+    fn every_authorization_value_counts() {
+        let rule = ScopeRule::Authorization;
+        assert_ne!(
+            rule.stored_scope(&parts(&[b"Bearer a", b"Bearer b"])),
+            rule.stored_scope(&parts(&[b"Bearer a", b"Bearer c"]))
+        );
+        assert_ne!(
+            rule.stored_scope(&parts(&[b"Bearer a", b"Bearer b"])),
+            rule.stored_scope(&parts(&[b"Bearer a"]))
         );
     }
 

@@ -27,3 +27,22 @@ async fn leases_are_extended_again_after_an_idle_spell() {
     }
     assert_eq!(state.runs(), 3);
 }
+
+/// The layer's defaults (`IdempotencyLayer::new`, no builder) extend a
+/// running handler's lease every third of the 5 s lock timeout: at least
+/// five times in 10 s (a heartbeat at the lock timeout or later would make
+/// one or two, and let the lease go stale between them).
+#[tokio::test(start_paused = true)]
+async fn the_default_heartbeat_is_a_third_of_the_lock_timeout() {
+    let h = Harness::memory().await;
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    let (router, state) = app(tower_idempotency::IdempotencyLayer::from_arc(store.clone()));
+    let started = state.started.notified();
+    let waiting = spawn_waiting(&router, "k", "a");
+    started.await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let extends = store.extends.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((5..=7).contains(&extends), "{extends} extensions in 10 s");
+    state.proceed.notify_one();
+    assert_eq!(waiting.await.unwrap().status, 201);
+}

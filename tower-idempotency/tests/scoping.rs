@@ -9,7 +9,8 @@ use tower_idempotency::IdempotencyLayer;
 both_stores!(
     tenants_do_not_share_keys,
     default_scope_is_the_credential,
-    long_scopes_are_stored
+    long_scopes_are_stored,
+    scope_by_principal_survives_a_token_refresh
 );
 
 async fn tenants_do_not_share_keys(h: Harness) {
@@ -96,4 +97,46 @@ async fn long_scopes_are_stored(h: Harness) {
     assert_eq!(send(&router, make()).await.status, 201, "{}", h.name);
     assert!(send(&router, make()).await.replayed());
     assert_eq!(state.runs(), 1);
+}
+
+/// The principal an authentication layer found, as it puts it in the
+/// request's extensions.
+#[derive(Clone)]
+struct Principal(String);
+
+/// Scoped by the authenticated principal (the documented way, not the
+/// token): a client whose OAuth token is refreshed between two attempts
+/// gets the replay, not a second run; another principal's same key is its
+/// own.
+async fn scope_by_principal_survives_a_token_refresh(h: Harness) {
+    let prefix = h.scope.clone();
+    let layer = IdempotencyLayer::builder_from_arc(h.store.clone())
+        .scope_with(move |parts| {
+            let principal = parts.extensions.get::<Principal>().map(|p| p.0.as_str());
+            format!("{prefix}/{}", principal.unwrap_or(""))
+        })
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    // The "authentication layer": token -> principal.
+    let router = router.layer(tower::util::MapRequestLayer::new(
+        |mut request: Request<Body>| {
+            let token = request.headers()["authorization"].to_str().unwrap();
+            let principal = token.split('-').next().unwrap().to_owned();
+            request.extensions_mut().insert(Principal(principal));
+            request
+        },
+    ));
+    let first = send(&router, with_auth(Some("Bearer alice-token1"), "pay")).await;
+    assert_eq!(first.status, 201);
+    let refreshed = send(&router, with_auth(Some("Bearer alice-token2"), "pay")).await;
+    assert!(
+        refreshed.replayed(),
+        "{}: a refreshed token ran it again",
+        h.name
+    );
+    assert_eq!(refreshed.body, first.body);
+    let bob = send(&router, with_auth(Some("Bearer bob-token1"), "pay")).await;
+    assert!(!bob.replayed());
+    assert_eq!(state.runs(), 2);
 }
