@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use http::{header, HeaderName, Method, StatusCode};
 
-use crate::layer::{IdempotencyLayer, IDEMPOTENCY_KEY};
+use crate::context::IDEMPOTENCY_KEY;
+use crate::layer::IdempotencyLayer;
 use crate::scope::ScopeRule;
 use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 

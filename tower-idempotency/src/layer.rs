@@ -3,7 +3,6 @@
 //! in the response future (see `run.rs`) and handed to a task of its own if
 //! that future is dropped (`inline.rs`).
 
-use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -12,96 +11,20 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{collect, CollectError};
 use crate::config::{Config, IdempotencyLayerBuilder};
+use crate::context::BoxError;
 use crate::inline::Detach;
-use crate::keeper::{Kept, LeaseKeeper};
+use crate::keeper::LeaseKeeper;
 use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
 use crate::problem::{problem, ProblemKind};
 use crate::run::process;
-use crate::store::{IdempotencyStore, LeaseToken};
-
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Name of the header added to replayed responses (`idempotent-replayed: true`).
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// Default name of the key header (`idempotency-key`).
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
-/// What the layer tells the handler about the key it is running under.
-///
-/// Inserted into the request extensions of every request that claimed a key
-/// (axum: `Extension<IdempotencyContext>`). A handler that writes to
-/// PostgreSQL can pass it to `PostgresStore::complete_in_tx` to store the
-/// response in the same transaction as its own effects.
-#[derive(Clone)]
-pub struct IdempotencyContext {
-    /// Shared with the layer's own record of the claim: handing the context
-    /// to the handler copies no string.
-    kept: Arc<Kept>,
-}
-
-impl IdempotencyContext {
-    /// Creates a context (the layer does this; useful in tests).
-    pub fn new(scope: impl Into<String>, key: impl Into<String>, lease: LeaseToken) -> Self {
-        Self::from_kept(Arc::new(Kept::new(
-            Cow::Owned(scope.into()),
-            key.into(),
-            lease,
-        )))
-    }
-
-    pub(crate) fn from_kept(kept: Arc<Kept>) -> Self {
-        Self { kept }
-    }
-
-    /// The scope the key is stored under (a digest of the caller identity,
-    /// see [`IdempotencyLayer::stored_scope`]).
-    pub fn scope(&self) -> &str {
-        &self.kept.scope
-    }
-
-    /// The idempotency key (unquoted).
-    pub fn key(&self) -> &str {
-        &self.kept.key
-    }
-
-    /// The lease proving this request owns the claim.
-    pub fn lease(&self) -> LeaseToken {
-        self.kept.lease
-    }
-
-    /// Notes that the handler completed its key itself (in its own
-    /// transaction), so that the layer, finding the key completed, answers
-    /// with the handler's response instead of treating the lease as lost.
-    pub(crate) fn note_completed(&self) {
-        self.kept.note_completed_in_tx();
-    }
-}
-
-impl fmt::Debug for IdempotencyContext {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyContext")
-            .field("scope", &self.scope())
-            .field("key", &self.key())
-            .field("lease", &self.lease())
-            .finish()
-    }
-}
-
-impl PartialEq for IdempotencyContext {
-    fn eq(&self, other: &Self) -> bool {
-        self.scope() == other.scope() && self.key() == other.key() && self.lease() == other.lease()
-    }
-}
-
-impl Eq for IdempotencyContext {}
+use crate::store::IdempotencyStore;
 
 /// A tower [`Layer`] that makes `POST`/`PATCH` handlers idempotent with the
 /// `Idempotency-Key` header.

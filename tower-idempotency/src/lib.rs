@@ -51,7 +51,8 @@
 //! | completed, different fingerprint      | `422` problem+json                                       |
 //! | in progress, different fingerprint    | `422` problem+json                                       |
 //! | in progress, same fingerprint         | `409` problem+json + `Retry-After`                       |
-//! | in progress, lease not extended for the lock timeout | taken over: the handler runs              |
+//! | in progress, lease stale (first seen) | `409`; the lease is marked seen stale                    |
+//! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over: the handler runs    |
 //! | missing / empty / >255 chars key      | `400` problem+json, nothing claimed                      |
 //! | store unreachable (transient)         | `503` problem+json + `Retry-After`, nothing run          |
 //! | store refuses (permanent)             | `500` problem+json, nothing run                          |
@@ -75,9 +76,12 @@
 //! request-validation statuses `400`, `415` and `422` (configurable with
 //! [`IdempotencyLayerBuilder::release_statuses`]). Every other answer is
 //! stored, `5xx` and `429` included (the handler may have done its effect
-//! before failing, as Stripe assumes). When the response cannot be kept (a
-//! body over [`IdempotencyLayerBuilder::max_response_body_bytes`], a store
-//! that fails three times to save it) or the handler's outcome is unknown (it
+//! before failing, as Stripe assumes). A store that fails to save it is
+//! tried again for [`IdempotencyLayerBuilder::completion_patience`] (10
+//! minutes) with the lease kept alive, so a database failover is outlasted.
+//! When the response cannot be kept (a body over
+//! [`IdempotencyLayerBuilder::max_response_body_bytes`], a store that kept
+//! failing past that patience) or the handler's outcome is unknown (it
 //! panicked, the inner service returned an error), the key is completed with
 //! a marker: every retry gets `410` problem+json with code
 //! `response_not_retained`, replayed, and the handler never runs again for
@@ -95,9 +99,12 @@
 //!   separate them.
 //! * **At most once per lease** for every other handler (MemoryStore, or an
 //!   effect outside the database such as a call to a payment processor): the
-//!   effect runs at most once while its server lives. If the server dies
-//!   between the effect and storing the response, the lease expires one lock
-//!   timeout later and a retry runs the handler again. Make such effects
+//!   effect runs at most once while its server lives, through an outage of
+//!   the store too (a takeover needs the lease seen stale for a lock timeout
+//!   while the store is reachable, so the owner resumes its lease first). If
+//!   the server dies between the effect and storing the response, a retry
+//!   runs the handler again once its lease has been seen stale for a lock
+//!   timeout. Make such effects
 //!   idempotent downstream (pass the idempotency key on to the processor),
 //!   or record *recovery points*: in a transaction, write "about to charge"
 //!   with the key before the call and the result after it, and have the
@@ -110,11 +117,10 @@
 //!   holds the claim, the handler's writes (through the
 //!   `IdempotencyTransaction` in the request extensions) and the stored
 //!   response: one commit, one WAL flush per request, exactly once. A
-//!   concurrent duplicate waits on the claim row's lock, then gets the
-//!   replay. Costs: the request holds a pooled connection from claim to
-//!   commit (size the pool with `PostgresStore::connect_with_pool_size`),
-//!   and a duplicate waits as long as the first request runs, so keep such
-//!   handlers short. A client that goes away rolls the request back.
+//!   concurrent duplicate waits on the claim row's lock for at most a
+//!   second, then gets the replay or `409`. Costs: the request holds a
+//!   pooled connection from claim to commit (size the pool with
+//!   `PostgresStore::connect_with_pool_size`). A client that goes away rolls the request back.
 //! * **Two-phase** (`IdempotencyLayer::new` / `builder`) when the handler
 //!   has effects outside the database (a payment processor, a queue, an
 //!   email): the claim commits first, the handler runs under a lease, the
@@ -128,12 +134,14 @@
 //! `Authorization` header (requests without one share one anonymous scope),
 //! or whatever [`IdempotencyLayerBuilder::scope_with`] returns. The store
 //! sees only a 64-character digest. A claim whose lease is not extended (its
-//! server died) is taken over after the lock timeout (5 s). Records expire
-//! after the expiry window (24 h, like Stripe): it must exceed the client's
-//! whole retry horizon (its overall deadline), otherwise a late retry would
-//! run the handler again. [`MemoryStore`] sweeps expired records while
-//! writing; for PostgreSQL call [`IdempotencyStore::sweep_expired`], for
-//! example from [`spawn_sweeper`].
+//! server died) is taken over a lock timeout (5 s) after a retry first
+//! found it stale. Records expire after the expiry window (24 h, like
+//! Stripe; a running handler's heartbeat renews it): it must exceed the
+//! client's whole retry horizon (its overall deadline), otherwise a late
+//! retry would run the handler again. [`MemoryStore`] sweeps expired
+//! records while writing; `PostgresStore` sweeps them by itself in
+//! bounded batches (or call [`IdempotencyStore::sweep_expired`], for
+//! example from [`spawn_sweeper`]).
 //!
 //! # Stores
 //!
@@ -153,6 +161,7 @@
 
 mod body;
 mod config;
+mod context;
 mod inline;
 mod keeper;
 mod key;
@@ -169,9 +178,8 @@ mod store;
 mod transactional;
 
 pub use config::{ConfigError, IdempotencyLayerBuilder};
-pub use layer::{
-    IdempotencyContext, IdempotencyLayer, IdempotencyService, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
-};
+pub use context::{IdempotencyContext, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};

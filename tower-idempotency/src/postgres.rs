@@ -13,7 +13,7 @@ use bytes::Bytes;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use crate::layer::IdempotencyContext;
+use crate::context::IdempotencyContext;
 use crate::store::{
     check_ids, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
     StoredResponse,

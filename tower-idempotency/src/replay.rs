@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::layer::IDEMPOTENT_REPLAYED;
+use crate::context::IDEMPOTENT_REPLAYED;
 use crate::problem::{problem, problem_body, ProblemKind, PROBLEM_JSON};
 use crate::store::StoredResponse;
 

@@ -23,10 +23,10 @@ use tower_service::Service;
 
 use crate::body::{collect_catching, CollectError};
 use crate::config::Config;
+use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
-use crate::layer::{BoxError, IdempotencyContext};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value, to_response, to_stored};
 use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoreError, StoredResponse};

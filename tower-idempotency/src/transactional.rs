@@ -28,9 +28,9 @@ use tower_service::Service;
 
 use crate::body::collect_catching;
 use crate::config::Config;
+use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{catch_unwind, Panicked};
 use crate::key::fingerprint;
-use crate::layer::{BoxError, IdempotencyContext};
 use crate::postgres::{db_err, PostgresStore};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{retry_after_value, to_stored};
