@@ -117,7 +117,9 @@ fn certificates() -> Certificates {
 /// A TLS server on 127.0.0.1 that answers its first `failures` requests
 /// 503, then 200 `ok over tls`; it counts the requests it read.
 async fn tls_server(certs: &Certificates, failures: usize) -> (SocketAddr, Arc<AtomicUsize>) {
-    let identity = tokio_native_tls::native_tls::Identity::from_pkcs8(&certs.server, &certs.server_key).unwrap();
+    let identity =
+        tokio_native_tls::native_tls::Identity::from_pkcs8(&certs.server, &certs.server_key)
+            .unwrap();
     let acceptor = tokio_native_tls::TlsAcceptor::from(
         tokio_native_tls::native_tls::TlsAcceptor::new(identity).unwrap(),
     );
