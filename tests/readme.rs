@@ -230,3 +230,25 @@ fn the_status_table_is_the_classifier_s() {
         );
     }
 }
+
+#[test]
+fn the_reqwest_retry_section_swaps_the_middleware_and_its_policy() {
+    // The block compiles as a doctest (reqwest-retry is a dev-dependency);
+    // this keeps it the swap, and its claims tied to the test that shows
+    // them.
+    let text = section("Coming from reqwest-retry");
+    let rust = blocks(text, "rust");
+    assert_eq!(rust.len(), 1);
+    for needed in [
+        "RetryTransientMiddleware::new_with_policy(policy)",
+        "build_with_max_retries(3)",
+        "RetryMiddleware::new(policy)",
+        ".max_attempts(4)",
+    ] {
+        assert!(rust[0].contains(needed), "{needed}");
+    }
+    assert!(text.contains("`tests/from_reqwest_retry.rs`"));
+    assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/from_reqwest_retry.rs")
+        .exists());
+}
