@@ -50,7 +50,7 @@
 //! `reqwest` and `reqwest-middleware` must be the versions this crate is
 //! built against (above); otherwise `.with(..)` fails with E0277 and
 //! `retry_report()` with E0599. The crate re-exports both
-//! ([`reqwest`](crate::reqwest), [`reqwest_middleware`](crate::reqwest_middleware)).
+//! ([`reqwest`], [`reqwest_middleware`]).
 //!
 //! The same engine retries anything async — a database reconnect, an RPC —
 //! with [`retry`].
@@ -72,7 +72,7 @@
 //! # Cargo features
 //!
 //! - `default-tls` (default): reqwest's own default TLS, so the re-exported
-//!   [`reqwest`](crate::reqwest) calls https as a plain `reqwest = "0.13"`
+//!   [`reqwest`] calls https as a plain `reqwest = "0.13"`
 //!   does. Without it (and without TLS from your own reqwest dependency)
 //!   an https URL fails with `invalid URL, scheme is not http`.
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
