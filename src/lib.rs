@@ -78,6 +78,10 @@
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
 //! - `vdso-keys` (default): generated keys drawn through the vDSO on Linux
 //!   ≥ 6.11, no system call per key.
+//! - `metrics`: every counter of [`Metrics`] and the attempts-per-call
+//!   histogram are also published through the [`metrics`](https://docs.rs/metrics)
+//!   facade, to whichever exporter (Prometheus, OpenTelemetry, StatsD) the
+//!   application installs; names in `metric_names`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -107,6 +111,9 @@ struct ReadmeDoctests;
 pub use reqwest;
 pub use reqwest_middleware;
 
+#[cfg(feature = "metrics")]
+pub use crate::metrics::{describe_metrics, names as metric_names};
+pub use crate::metrics::{Metrics, MetricsSnapshot};
 pub use admission::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
     NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
@@ -119,7 +126,6 @@ pub use classify::{
 pub use engine::{retry, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
-pub use metrics::{Metrics, MetricsSnapshot};
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
 pub use policy::RetryPolicy;
