@@ -24,13 +24,14 @@ use openssl::x509::extension::{
 };
 use openssl::x509::{X509NameBuilder, X509};
 use reqwest_safe_retry::reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
+use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// A certificate authority and a server certificate for 127.0.0.1 it
 /// signed, as PEM.
 struct Certificates {
+    #[cfg_attr(not(feature = "default-tls"), allow(dead_code))]
     ca: Vec<u8>,
     server: Vec<u8>,
     server_key: Vec<u8>,
@@ -174,6 +175,7 @@ fn client(inner: reqwest_safe_retry::reqwest::Client, clock: &ManualClock) -> Cl
 #[tokio::test]
 async fn https_works_through_the_re_exported_reqwest_and_is_retried() {
     use reqwest_safe_retry::reqwest::Certificate;
+    use reqwest_safe_retry::{RetryReportExt, StopReason};
 
     let certs = certificates();
     let (addr, requests) = tls_server(&certs, 1).await;
