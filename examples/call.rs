@@ -2,9 +2,15 @@
 //!
 //! ```text
 //! call [OPTIONS] URL
-//!   -X, --method METHOD        default GET, or POST when -d is given
-//!   -d, --data DATA            request body; @FILE sends a file, @- stdin
+//!   -X, --method METHOD        default GET, or POST when -d or --json is given
+//!   -d, --data DATA            request body, sent as a form like curl's
+//!                              (application/x-www-form-urlencoded unless -H
+//!                              sets a content-type); @FILE a file, @- stdin
+//!   --json DATA                a JSON body, like curl's --json: sets
+//!                              Content-Type and Accept to application/json
 //!   -H, --header 'Name: value' repeatable
+//!   -i, --include              the status line and headers before the body
+//!   -s, --silent               no `call:` status or error lines on stderr
 //!   --max-attempts N           --deadline SECS      --attempt-timeout SECS
 //!   --base-ms N                --cap-ms N
 //!   --jitter none|full|equal|decorrelated|proportional
@@ -12,16 +18,22 @@
 //!   --no-idempotency-key       attach none
 //!   --seed N                   seed the random source
 //!   -v, --verbose              one line per attempt on stderr
-//!   --json                     last line of stderr is the report as JSON
+//!   --report-json              last line of stderr is the report as JSON
 //! ```
 //!
 //! Like curl: a URL without a scheme is `http://`, and when an option is
-//! given twice the last one wins (`-H` adds a header each time).
+//! given twice the last one wins (`-H` adds a header each time; curl joins
+//! repeated `-d` and `--json` values, here the last one is sent). `-d` and
+//! `--json` do not go together.
 //!
-//! The response body goes to stdout. With `--json` the last line of stderr is
-//! one JSON object: `status`, `attempts`, `delays_ms`, `idempotency_key`,
-//! `stop_reason` and `error` — for a usage error too. Exit code 0 when the
-//! final status is 2xx, 1 otherwise, 2 for a usage error.
+//! The response body goes to stdout, ending in a newline (one is added when
+//! the body lacks it), so what follows on the terminal starts on a line of
+//! its own. A final status that is not 2xx is named on stderr
+//! (`call: 503 Service Unavailable`). With `--report-json` the last line of
+//! stderr is one JSON object: `status`, `attempts`, `delays_ms`,
+//! `idempotency_key`, `stop_reason` and `error` — for a usage error too.
+//! Exit code 0 when the final status is 2xx, 1 otherwise, 2 for a usage
+//! error.
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -43,7 +55,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  the final response is 2xx
   1  the final response is not 2xx, or no response came (transport error)
-  2  usage error (with --json the last stderr line is still the JSON report)";
+  2  usage error (with --report-json the last stderr line is still the JSON report)";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -55,16 +67,28 @@ Exit codes:
 struct Args {
     /// The URL to call; without a scheme, http:// is meant.
     url: String,
-    /// The request method [default: GET, or POST when -d is given].
+    /// The request method [default: GET, or POST when -d or --json is given].
     #[arg(short = 'X', long)]
     method: Option<String>,
-    /// The request body; @FILE sends the file, @- standard input (as is,
-    /// like curl's --data-binary).
-    #[arg(short = 'd', long, value_name = "DATA")]
+    /// The request body, sent like curl's -d with Content-Type
+    /// application/x-www-form-urlencoded unless -H gives one; @FILE sends
+    /// the file, @- standard input (as is, like curl's --data-binary).
+    #[arg(short = 'd', long, value_name = "DATA", conflicts_with = "json")]
     data: Option<String>,
+    /// A JSON request body, like curl's --json: Content-Type and Accept
+    /// are application/json unless -H gives them; @FILE and @- as for -d.
+    #[arg(long, value_name = "DATA")]
+    json: Option<String>,
     /// A request header, 'Name: value'; repeatable.
     #[arg(short = 'H', long = "header")]
     headers: Vec<String>,
+    /// Print the response's status line and headers before its body.
+    #[arg(short = 'i', long)]
+    include: bool,
+    /// Print no `call:` status or error lines on stderr (-v lines and the
+    /// --report-json line still come).
+    #[arg(short = 's', long)]
+    silent: bool,
     /// Most attempts, the first included.
     #[arg(long, value_name = "N", default_value_t = defaults().max_attempts())]
     max_attempts: u32,
@@ -99,7 +123,7 @@ struct Args {
     verbose: bool,
     /// Print the report as JSON on the last line of stderr.
     #[arg(long)]
-    json: bool,
+    report_json: bool,
 }
 
 /// How the delay is spread below its ceiling.
@@ -135,7 +159,8 @@ fn millis(d: Duration) -> u64 {
 
 const USAGE_ERROR: u8 = 2;
 
-/// Reports a usage error: a message, and with `--json` the report line.
+/// Reports a usage error: a message, and with `--report-json` the report
+/// line.
 fn usage_error(json: bool, message: impl std::fmt::Display) -> ExitCode {
     let message = message.to_string();
     eprintln!("call: {message}");
@@ -200,7 +225,7 @@ fn with_scheme(url: &str) -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let json = std::env::args_os().any(|a| a == "--json");
+    let json = std::env::args_os().any(|a| a == "--report-json");
     let args = match Args::try_parse() {
         Ok(args) => args,
         Err(e) if !e.use_stderr() => {
@@ -219,15 +244,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(USAGE_ERROR);
         }
     };
-    let json = args.json;
+    let json = args.report_json;
     let policy = match policy(&args) {
         Ok(p) => p,
         Err(e) => return usage_error(json, e),
     };
-    let method = match (&args.method, &args.data) {
+    // curl: a body means POST unless -X says otherwise.
+    let method = match (&args.method, args.data.is_some() || args.json.is_some()) {
         (Some(m), _) => m.as_str(),
-        (None, Some(_)) => "POST",
-        (None, None) => "GET",
+        (None, true) => "POST",
+        (None, false) => "GET",
     };
     let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
         return usage_error(json, format!("not a valid method: {method}"));
@@ -248,6 +274,25 @@ async fn main() -> ExitCode {
             return usage_error(json, format!("not a valid header: {header:?}"));
         };
         headers.append(name, value);
+    }
+    // curl's defaults for a body's headers, which -H overrides.
+    let implied: &[(&str, &str)] = if args.json.is_some() {
+        &[
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+        ]
+    } else if args.data.is_some() {
+        &[("content-type", "application/x-www-form-urlencoded")]
+    } else {
+        &[]
+    };
+    for &(name, value) in implied {
+        if !headers.contains_key(name) {
+            headers.insert(
+                reqwest::header::HeaderName::from_static(name),
+                reqwest::header::HeaderValue::from_static(value),
+            );
+        }
     }
     let mut options = RequestOptions::new();
     let header_key = headers.contains_key("idempotency-key");
@@ -273,7 +318,13 @@ async fn main() -> ExitCode {
         }
         options = options.no_idempotency_key();
     }
-    let body = match args.data.as_deref().map(body).transpose() {
+    let body = match args
+        .data
+        .as_deref()
+        .or(args.json.as_deref())
+        .map(body)
+        .transpose()
+    {
         Ok(body) => body,
         Err(e) => return usage_error(json, e),
     };
@@ -298,10 +349,11 @@ async fn main() -> ExitCode {
         Ok(response) => {
             let status = response.status();
             let report = response.extensions().get::<RetryReport>().cloned();
+            let head = args.include.then(|| head(&response));
             match response.bytes().await {
                 Ok(body) => {
                     let mut stdout = std::io::stdout().lock();
-                    let _ = stdout.write_all(&body).and_then(|()| stdout.flush());
+                    let _ = print(&mut stdout, head.as_deref(), &body);
                     (Some(status), report, None)
                 }
                 Err(e) => (Some(status), report, Some(format!("reading the body: {e}"))),
@@ -314,8 +366,13 @@ async fn main() -> ExitCode {
             (None, report, Some(chain(&err)))
         }
     };
-    if let Some(e) = &error {
-        eprintln!("call: {e}");
+    if !args.silent {
+        if let Some(s) = status.filter(|s| !s.is_success()) {
+            eprintln!("call: {}", status_text(s));
+        }
+        if let Some(e) = &error {
+            eprintln!("call: {e}");
+        }
     }
     if json {
         eprintln!("{}", json_report(status, report.as_ref(), error.as_deref()));
@@ -324,6 +381,43 @@ async fn main() -> ExitCode {
         Some(s) if s.is_success() && error.is_none() => ExitCode::SUCCESS,
         _ => ExitCode::from(1),
     }
+}
+
+/// `503 Service Unavailable`, or the bare code when it has no reason.
+fn status_text(status: reqwest::StatusCode) -> String {
+    match status.canonical_reason() {
+        Some(reason) => format!("{} {reason}", status.as_str()),
+        None => status.as_str().to_owned(),
+    }
+}
+
+/// `-i`: the status line and the headers as curl prints them (CRLF line
+/// ends, a blank line before the body).
+fn head(response: &reqwest::Response) -> Vec<u8> {
+    let status = response.status();
+    let mut out = format!("{:?} {}\r\n", response.version(), status_text(status)).into_bytes();
+    for (name, value) in response.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// Writes the head (with `-i`) and the body, which ends in a newline: one
+/// is added when the body lacks it, so the report or the shell prompt
+/// starts on a line of its own.
+fn print(out: &mut impl Write, head: Option<&[u8]>, body: &[u8]) -> std::io::Result<()> {
+    if let Some(head) = head {
+        out.write_all(head)?;
+    }
+    out.write_all(body)?;
+    if !body.is_empty() && !body.ends_with(b"\n") {
+        out.write_all(b"\n")?;
+    }
+    out.flush()
 }
 
 /// An error and its sources, joined with ": ".

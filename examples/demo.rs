@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo run --example demo
+//! cargo run --example demo -- --help
 //! ```
 //!
 //! The demo starts a small payments server on 127.0.0.1 (in-process, plain
@@ -16,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use clap::Parser;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
     AdaptiveAdmission, AdaptiveConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
@@ -26,8 +28,25 @@ use tokio::net::{TcpListener, TcpStream};
 /// How many times the server has seen each (path, key).
 type Seen = Arc<Mutex<HashMap<(String, String), u32>>>;
 
+/// The demo takes no options; `--help` says what it does instead of
+/// doing it.
+#[derive(Parser, Debug)]
+#[command(
+    name = "demo",
+    about = "What the client does, call by call, against a flaky payments endpoint",
+    long_about = "What the client does, call by call, against a flaky payments endpoint.\n\n\
+        Starts a small payments server on 127.0.0.1 that misbehaves on purpose \
+        (503 with Retry-After: 1, 409 while in progress, a connection reset, \
+        400), sends a handful of calls through RetryMiddleware with the default \
+        policy (a lower backoff base, to keep it short) and prints a table: \
+        status, attempts, delays, the Idempotency-Key and why each call stopped. \
+        The delays are real: it takes a few seconds."
+)]
+struct Args {}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    Args::parse();
     let addr = start_server().await?;
     let base = format!("http://{addr}");
 

@@ -5,8 +5,8 @@
 //! cargo run --example payments_server -- --store postgres://postgres@127.0.0.1:5432/test
 //! cargo run --example payments_server -- --store memory --after-effect-ms 400
 //!
-//! curl -i -X POST localhost:3000/payments -H 'Idempotency-Key: k1' \
-//!      -H 'content-type: application/json' -d '{"account":"A","amount":10}'
+//! curl -i localhost:3000/payments -H 'Idempotency-Key: k1' \
+//!      --json '{"account":"A","amount":10}'
 //! curl -i 'localhost:3000/payments?account=A'
 //! ```
 //!

@@ -12,7 +12,7 @@
 //! # takes(classifier);
 //! ```
 //!
-//! The default table (DESIGN.md):
+//! The default table (the README's "What it does" shows the same):
 //!
 //! | outcome | class |
 //! |---|---|
@@ -21,7 +21,7 @@
 //! | 409 to a request that carried an Idempotency-Key | transient (the original is still in progress) |
 //! | any 4xx or 5xx marked `Idempotent-Replayed: true` | permanent (the stored outcome of the original) |
 //! | 413 with a readable Retry-After | transient (RFC 9110 §15.5.14: the condition is temporary) |
-//! | every other 4xx (413 without Retry-After included), 501, 505, 507, other 5xx | permanent |
+//! | every other 4xx (413 without Retry-After included); 501, 505, 506, 507, 508, 510, 511 and any other 5xx | permanent |
 //! | connect refused/failed, timeouts, a connection reset or closed before a complete response | transient |
 //! | request build, redirect-policy, body and decode errors | permanent |
 //!
@@ -121,7 +121,9 @@ where
     }
 }
 
-/// The default table of DESIGN.md; always has an opinion.
+/// The default table: a replayed failure is permanent, a 413 with a
+/// readable `Retry-After` transient, other statuses as [`classify_status`]
+/// and errors as [`classify_error`]; always has an opinion.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 

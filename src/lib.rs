@@ -18,23 +18,39 @@
 //!   cannot finish inside it;
 //! - a **report** of what happened, in the response's extensions.
 //!
-//! ```no_run
-//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport};
-//!
-//! # async fn run() -> Result<(), reqwest_middleware::Error> {
-//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-//!     .with(RetryMiddleware::new(RetryPolicy::default()))
-//!     .build();
-//!
-//! let response = client
-//!     .post("http://payments.internal/payments")
-//!     .body(r#"{"account":"acme","amount":1200}"#)
-//!     .send()
-//!     .await?;
-//! let report = response.extensions().get::<RetryReport>().expect("set by the middleware");
-//! println!("{} attempt(s), stopped: {}", report.attempts(), report.stop_reason());
-//! # Ok(()) }
+//! ```toml
+//! [dependencies]
+//! reqwest-safe-retry = "0.1"
+//! reqwest = "0.13"
+//! reqwest-middleware = "0.5"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
+//!
+//! ```no_run
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), reqwest_middleware::Error> {
+//!     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!         .with(RetryMiddleware::new(RetryPolicy::default()))
+//!         .build();
+//!
+//!     let response = client
+//!         .post("http://payments.internal/payments")
+//!         .body(r#"{"account":"acme","amount":1200}"#)
+//!         .send()
+//!         .await?;
+//!     if let Some(report) = response.retry_report() {
+//!         println!("{} attempt(s), stopped: {}", report.attempts(), report.stop_reason());
+//!     }
+//!     Ok(())
+//! }
+//! ```
+//!
+//! `reqwest` and `reqwest-middleware` must be the versions this crate is
+//! built against (above); otherwise `.with(..)` fails with E0277 and
+//! `retry_report()` with E0599. The crate re-exports both
+//! ([`reqwest`], [`reqwest_middleware`]).
 //!
 //! The same engine retries anything async — a database reconnect, an RPC —
 //! with [`retry`].
@@ -52,6 +68,20 @@
 //! three on the wire. Turn reqwest's off with
 //! `ClientBuilder::retry(reqwest::retry::never())`
 //! if you want one layer to count every attempt.
+//!
+//! # Cargo features
+//!
+//! - `default-tls` (default): reqwest's own default TLS, so the re-exported
+//!   [`reqwest`] calls https as a plain `reqwest = "0.13"`
+//!   does. Without it (and without TLS from your own reqwest dependency)
+//!   an https URL fails with `invalid URL, scheme is not http`.
+//! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
+//! - `vdso-keys` (default): generated keys drawn through the vDSO on Linux
+//!   ≥ 6.11, no system call per key.
+//! - `metrics`: every counter of [`Metrics`] and the attempts-per-call
+//!   histogram are also published through the [`metrics`](https://docs.rs/metrics)
+//!   facade, to whichever exporter (Prometheus, OpenTelemetry, StatsD) the
+//!   application installs; names in `metric_names`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
@@ -81,6 +111,9 @@ struct ReadmeDoctests;
 pub use reqwest;
 pub use reqwest_middleware;
 
+#[cfg(feature = "metrics")]
+pub use crate::metrics::{describe_metrics, names as metric_names};
+pub use crate::metrics::{Metrics, MetricsSnapshot};
 pub use admission::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
     NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
@@ -93,7 +126,6 @@ pub use classify::{
 pub use engine::{retry, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
-pub use metrics::{Metrics, MetricsSnapshot};
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
 pub use policy::RetryPolicy;

@@ -8,8 +8,114 @@
 //! assert_eq!(snapshot.calls, 0);
 //! // Export `snapshot` to Prometheus, StatsD, OpenTelemetry…
 //! ```
+//!
+//! With the `metrics` feature every count is also published, as it
+//! happens, through the `metrics` crate's facade: the application installs
+//! an exporter (metrics-exporter-prometheus, an OpenTelemetry bridge, …)
+//! and the counters reach it without code of ours or theirs. Without an
+//! installed recorder a publication is one load of a global and nothing
+//! else.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The names the `metrics` feature publishes under.
+///
+/// OpenTelemetry's semantic conventions have no metric for retries (only
+/// the `http.request.resend_count` attribute, which the `tracing` events
+/// carry), so the names follow its naming rules in this crate's namespace:
+/// lowercase, dot-separated, counters without a `_total` suffix. A
+/// Prometheus exporter turns the dots into underscores
+/// (`reqwest_safe_retry_retries`; OpenTelemetry's adds `_total`). Each
+/// counter is the
+/// [`MetricsSnapshot`] field of the same name; all policies of a process
+/// add up under one name.
+#[cfg(feature = "metrics")]
+pub mod names {
+    /// Counter: logical calls started.
+    pub const CALLS: &str = "reqwest_safe_retry.calls";
+    /// Counter: calls whose first attempt did not succeed.
+    pub const FIRST_ATTEMPT_FAILURES: &str = "reqwest_safe_retry.first_attempt_failures";
+    /// Counter: retries made (attempts after the first).
+    pub const RETRIES: &str = "reqwest_safe_retry.retries";
+    /// Counter: calls that ended without success.
+    pub const FINAL_FAILURES: &str = "reqwest_safe_retry.final_failures";
+    /// Counter: retries given up for lack of admission.
+    pub const BUDGET_REJECTIONS: &str = "reqwest_safe_retry.budget_rejections";
+    /// Counter: retries admitted and sent.
+    pub const ADMISSIONS: &str = "reqwest_safe_retry.admissions";
+    /// Counter: of the admissions, the probes sent while failures continued.
+    pub const PROBES: &str = "reqwest_safe_retry.probes";
+    /// Counter: retries that had to wait for admission.
+    pub const WAITS: &str = "reqwest_safe_retry.waits";
+    /// Counter: delays set by a server's Retry-After.
+    pub const RETRY_AFTER_HONOURED: &str = "reqwest_safe_retry.retry_after_honoured";
+    /// Counter: calls given up because another attempt would not fit the
+    /// deadline.
+    pub const DEADLINE_GIVE_UPS: &str = "reqwest_safe_retry.deadline_give_ups";
+    /// Histogram: attempts per finished call (1 for a call that was not
+    /// retried).
+    pub const ATTEMPTS: &str = "reqwest_safe_retry.attempts";
+}
+
+/// Describes every published metric (its meaning, and the unit of the
+/// histogram) to the installed recorder; call it once after installing
+/// one. Exporters show the descriptions as `# HELP` lines.
+#[cfg(feature = "metrics")]
+pub fn describe_metrics() {
+    use ::metrics::{describe_counter, describe_histogram, Unit};
+    describe_counter!(names::CALLS, Unit::Count, "Logical calls started");
+    describe_counter!(
+        names::FIRST_ATTEMPT_FAILURES,
+        Unit::Count,
+        "Calls whose first attempt did not succeed"
+    );
+    describe_counter!(
+        names::RETRIES,
+        Unit::Count,
+        "Retries made (attempts after the first)"
+    );
+    describe_counter!(
+        names::FINAL_FAILURES,
+        Unit::Count,
+        "Calls that ended without success"
+    );
+    describe_counter!(
+        names::BUDGET_REJECTIONS,
+        Unit::Count,
+        "Retries given up for lack of admission"
+    );
+    describe_counter!(names::ADMISSIONS, Unit::Count, "Retries admitted and sent");
+    describe_counter!(
+        names::PROBES,
+        Unit::Count,
+        "Admitted retries sent as probes while failures continued"
+    );
+    describe_counter!(
+        names::WAITS,
+        Unit::Count,
+        "Retries that waited for admission"
+    );
+    describe_counter!(
+        names::RETRY_AFTER_HONOURED,
+        Unit::Count,
+        "Delays set by a server's Retry-After"
+    );
+    describe_counter!(
+        names::DEADLINE_GIVE_UPS,
+        Unit::Count,
+        "Calls given up because another attempt would not fit the deadline"
+    );
+    describe_histogram!(names::ATTEMPTS, Unit::Count, "Attempts per finished call");
+}
+
+/// Publishes one more of `names::$name` through the `metrics` facade;
+/// nothing without the feature.
+macro_rules! publish {
+    ($name:ident) => {
+        #[cfg(feature = "metrics")]
+        ::metrics::counter!(names::$name).increment(1);
+    };
+}
 
 /// Attempts-per-call histogram buckets: 1, 2, …, `BUCKETS - 1`, and one for
 /// "more".
@@ -65,44 +171,56 @@ pub struct MetricsSnapshot {
 impl Metrics {
     pub(crate) fn call_started(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        publish!(CALLS);
     }
 
     pub(crate) fn first_attempt_failed(&self) {
         self.first_attempt_failures.fetch_add(1, Ordering::Relaxed);
+        publish!(FIRST_ATTEMPT_FAILURES);
     }
 
     pub(crate) fn retried(&self, by_retry_after: bool) {
         self.retries.fetch_add(1, Ordering::Relaxed);
+        publish!(RETRIES);
         if by_retry_after {
             self.retry_after_honoured.fetch_add(1, Ordering::Relaxed);
+            publish!(RETRY_AFTER_HONOURED);
         }
     }
 
     pub(crate) fn budget_rejected(&self) {
         self.budget_rejections.fetch_add(1, Ordering::Relaxed);
+        publish!(BUDGET_REJECTIONS);
     }
 
     pub(crate) fn admitted(&self, probe: bool) {
         self.admissions.fetch_add(1, Ordering::Relaxed);
+        publish!(ADMISSIONS);
         if probe {
             self.probes.fetch_add(1, Ordering::Relaxed);
+            publish!(PROBES);
         }
     }
 
     pub(crate) fn waited(&self) {
         self.waits.fetch_add(1, Ordering::Relaxed);
+        publish!(WAITS);
     }
 
     pub(crate) fn deadline_gave_up(&self) {
         self.deadline_give_ups.fetch_add(1, Ordering::Relaxed);
+        publish!(DEADLINE_GIVE_UPS);
     }
 
     pub(crate) fn call_finished(&self, attempts: u32, success: bool) {
         if !success {
             self.final_failures.fetch_add(1, Ordering::Relaxed);
+            publish!(FINAL_FAILURES);
         }
         let i = (attempts.max(1) as usize - 1).min(BUCKETS - 1);
         self.attempts[i].fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        ::metrics::histogram!(names::ATTEMPTS).record(f64::from(attempts.max(1)));
     }
 
     /// Reads every counter.

@@ -8,17 +8,21 @@ use wiremock::matchers::{body_string, header_exists, method};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// `cargo test` builds the examples next to the test binaries.
-fn command() -> Command {
+fn example(name: &str) -> Command {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap();
     let bin = dir
         .join("examples")
-        .join(format!("call{}", std::env::consts::EXE_SUFFIX));
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     assert!(
         bin.exists(),
-        "build the example first: cargo build --example call"
+        "build the example first: cargo build --example {name}"
     );
     Command::new(bin)
+}
+
+fn command() -> Command {
+    example("call")
 }
 
 fn call(args: &[&str]) -> Output {
@@ -83,11 +87,11 @@ async fn retries_and_prints_the_body_and_the_report() {
         "2",
         "--seed",
         "1",
-        "--json",
+        "--report-json",
         &url,
     ]);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(out.stdout, b"created");
+    assert_eq!(out.stdout, b"created\n", "a newline ends the body");
     let r = report(&out);
     assert_eq!(r["status"], 201);
     assert_eq!(r["attempts"], 3);
@@ -123,7 +127,7 @@ async fn a_given_key_is_used_and_a_final_failure_exits_1() {
         "2",
         "--base-ms",
         "1",
-        "--json",
+        "--report-json",
         &url,
     ]);
     assert_eq!(out.status.code(), Some(1));
@@ -132,7 +136,7 @@ async fn a_given_key_is_used_and_a_final_failure_exits_1() {
     assert_eq!(r["attempts"], 2);
     assert_eq!(r["stop_reason"], "attempts_exhausted");
 
-    let out = call(&["-X", "POST", "--no-idempotency-key", "--json", &url]);
+    let out = call(&["-X", "POST", "--no-idempotency-key", "--report-json", &url]);
     assert_eq!(out.status.code(), Some(1));
     let r = report(&out);
     assert_eq!(r["stop_reason"], "not_idempotent");
@@ -181,7 +185,14 @@ fn a_refused_connection_reports_null_status_and_the_error() {
         .unwrap()
         .port();
     let url = format!("http://127.0.0.1:{port}/");
-    let out = call(&["--max-attempts", "2", "--base-ms", "1", "--json", &url]);
+    let out = call(&[
+        "--max-attempts",
+        "2",
+        "--base-ms",
+        "1",
+        "--report-json",
+        &url,
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let r = report(&out);
     assert!(r["status"].is_null());
@@ -213,7 +224,7 @@ async fn data_comes_from_a_file_or_stdin_and_implies_post() {
     assert_eq!(received(&server).await.len(), 2);
 
     // A file that cannot be read is a usage error, before anything is sent.
-    let out = call(&["-d", "@/nonexistent/body.json", "--json", &url]);
+    let out = call(&["-d", "@/nonexistent/body.json", "--report-json", &url]);
     assert_eq!(out.status.code(), Some(2));
     assert!(report(&out)["error"]
         .as_str()
@@ -241,8 +252,8 @@ async fn a_repeated_option_the_last_one_wins() {
         "PUT",
         "-X",
         "DELETE",
-        "--json",
-        "--json",
+        "--report-json",
+        "--report-json",
         &url,
     ]);
     assert_eq!(out.status.code(), Some(1));
@@ -266,23 +277,23 @@ async fn every_usage_error_exits_2_and_still_ends_with_the_json_report() {
     let server = answering(200).await;
     let url = server.uri();
     let cases: &[&[&str]] = &[
-        &["--json"],
-        &["--json", "--jitter", "sometimes", &url],
-        &["--json", "--deadline", "-1", &url],
-        &["--json", "--max-attempts", "many", &url],
-        &["--json", "-H", "no colon", &url],
-        &["--json", "-X", "GE T", &url],
-        &["--json", "--idempotency-key", "has space", &url],
-        &["--json", "--idempotency-key", &"k".repeat(256), &url],
+        &["--report-json"],
+        &["--report-json", "--jitter", "sometimes", &url],
+        &["--report-json", "--deadline", "-1", &url],
+        &["--report-json", "--max-attempts", "many", &url],
+        &["--report-json", "-H", "no colon", &url],
+        &["--report-json", "-X", "GE T", &url],
+        &["--report-json", "--idempotency-key", "has space", &url],
+        &["--report-json", "--idempotency-key", &"k".repeat(256), &url],
         &[
-            "--json",
+            "--report-json",
             "--idempotency-key",
             "k",
             "--no-idempotency-key",
             &url,
         ],
         &[
-            "--json",
+            "--report-json",
             "--idempotency-key",
             "a",
             "-H",
@@ -290,14 +301,14 @@ async fn every_usage_error_exits_2_and_still_ends_with_the_json_report() {
             &url,
         ],
         &[
-            "--json",
+            "--report-json",
             "--no-idempotency-key",
             "-H",
             "idempotency-key: b",
             &url,
         ],
-        &["--json", "--unknown", &url],
-        &["--json", "http://[::1"],
+        &["--report-json", "--unknown", &url],
+        &["--report-json", "http://[::1"],
     ];
     for args in cases {
         let out = call(args);
@@ -366,7 +377,7 @@ async fn verbose_prints_one_line_per_attempt() {
         "1",
         "--jitter",
         "none",
-        "--json",
+        "--report-json",
         &url,
     ]);
     assert_eq!(out.status.code(), Some(0));
@@ -430,4 +441,201 @@ fn help_shows_the_defaults_the_exit_codes_and_every_jitter_mode() {
     ] {
         assert!(help.contains(code), "{code}: {help}");
     }
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A server that answers `template` to everything.
+async fn answering_with(template: ResponseTemplate) -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(template)
+        .mount(&server)
+        .await;
+    server
+}
+
+#[tokio::test]
+async fn the_body_ends_in_one_newline_so_the_report_has_a_line_of_its_own() {
+    let server = answering_with(ResponseTemplate::new(200).set_body_string("no newline")).await;
+    let out = call(&["--report-json", &server.uri()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(out.stdout, b"no newline\n");
+    assert_eq!(report(&out)["status"], 200);
+    assert_eq!(
+        stderr(&out).lines().count(),
+        1,
+        "a 2xx names no status: {}",
+        stderr(&out)
+    );
+
+    // A body that has its newline keeps it, once; an empty body prints
+    // nothing.
+    let server = answering_with(ResponseTemplate::new(200).set_body_string("one\n")).await;
+    assert_eq!(call(&[&server.uri()]).stdout, b"one\n");
+    let server = answering(204).await;
+    assert_eq!(call(&[&server.uri()]).stdout, b"");
+}
+
+#[tokio::test]
+async fn a_final_status_that_is_not_2xx_is_named_on_stderr() {
+    let server = answering_with(ResponseTemplate::new(404).set_body_string("no such order")).await;
+    let out = call(&[&server.uri()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.stdout, b"no such order\n");
+    assert_eq!(stderr(&out), "call: 404 Not Found\n");
+
+    // After the retries, before the report, which stays the last line.
+    let server = answering(503).await;
+    let out = call(&[
+        "--max-attempts",
+        "2",
+        "--base-ms",
+        "1",
+        "--report-json",
+        &server.uri(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    let lines: Vec<_> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert_eq!(lines[0], "call: 503 Service Unavailable");
+    assert_eq!(report(&out)["attempts"], 2);
+}
+
+#[tokio::test]
+async fn silent_drops_the_status_and_error_lines_as_curl_s_does() {
+    let server = answering(503).await;
+    for flag in ["-s", "--silent"] {
+        let out = call(&[flag, "--max-attempts", "1", &server.uri()]);
+        assert_eq!(out.status.code(), Some(1), "the exit code still tells");
+        assert_eq!(stderr(&out), "", "{flag}");
+    }
+    // The report was asked for: it still comes, alone.
+    let out = call(&["-s", "--max-attempts", "1", "--report-json", &server.uri()]);
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert_eq!(report(&out)["status"], 503);
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/");
+    let loud = call(&["--max-attempts", "1", &url]);
+    assert!(stderr(&loud).starts_with("call: "), "{}", stderr(&loud));
+    let quiet = call(&["-s", "--max-attempts", "1", &url]);
+    assert_eq!(quiet.status.code(), Some(1));
+    assert_eq!(stderr(&quiet), "");
+}
+
+#[tokio::test]
+async fn include_prints_the_status_line_and_the_headers_before_the_body() {
+    let server = answering_with(
+        ResponseTemplate::new(201)
+            .insert_header("x-order", "42")
+            .set_body_string("paid"),
+    )
+    .await;
+    for flag in ["-i", "--include"] {
+        let out = call(&[flag, &server.uri()]);
+        assert_eq!(out.status.code(), Some(0));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(stdout.starts_with("HTTP/1.1 201 Created\r\n"), "{stdout}");
+        let (head, body) = stdout.split_once("\r\n\r\n").unwrap();
+        assert!(head.lines().any(|l| l == "x-order: 42"), "{head}");
+        assert!(head.lines().any(|l| l == "content-length: 4"), "{head}");
+        assert_eq!(body, "paid\n");
+    }
+    // Without it, the body alone.
+    assert_eq!(call(&[&server.uri()]).stdout, b"paid\n");
+}
+
+#[tokio::test]
+async fn json_sends_a_json_body_with_curl_s_headers_and_implies_post() {
+    let server = answering(201).await;
+    let url = server.uri();
+    let out = call(&["--json", r#"{"amount":1200}"#, &url]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // The same through a file, and with a content type of the caller's.
+    let file = std::env::temp_dir().join(format!("call-cli-json-{}.json", std::process::id()));
+    std::fs::write(&file, r#"{"amount":1200}"#).unwrap();
+    let out = call(&[
+        "--json",
+        &format!("@{}", file.display()),
+        "-H",
+        "Content-Type: application/merge-patch+json",
+        &url,
+    ]);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let got = received(&server).await;
+    assert_eq!(got.len(), 2);
+    for (r, content_type) in got
+        .iter()
+        .zip(["application/json", "application/merge-patch+json"])
+    {
+        assert_eq!(r.method.as_str(), "POST");
+        assert_eq!(r.body, br#"{"amount":1200}"#);
+        let types: Vec<_> = r.headers.get_all("content-type").iter().collect();
+        assert_eq!(types, [content_type], "-H wins, and only one goes");
+        assert_eq!(r.headers["accept"], "application/json");
+        assert!(
+            r.headers.contains_key("idempotency-key"),
+            "a POST gets a key"
+        );
+    }
+
+    // -d and --json are two bodies: refused before anything is sent.
+    let out = call(&["-d", "a=1", "--json", "{}", "--report-json", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(report(&out)["error"].as_str().is_some());
+    assert_eq!(received(&server).await.len(), 2);
+}
+
+#[tokio::test]
+async fn data_is_sent_as_a_form_unless_a_content_type_is_given_as_curl_does() {
+    let server = answering(200).await;
+    let url = server.uri();
+    call(&["-d", "a=1", &url]);
+    call(&["-d", "a=1", "-H", "content-type: text/plain", &url]);
+    let got = received(&server).await;
+    let types: Vec<Vec<_>> = got
+        .iter()
+        .map(|r| r.headers.get_all("content-type").iter().collect())
+        .collect();
+    assert_eq!(
+        types,
+        [["application/x-www-form-urlencoded"], ["text/plain"]]
+    );
+    assert!(
+        got.iter().all(|r| r.headers["accept"] == "*/*"),
+        "-d asks for no JSON"
+    );
+    // No body, no content type.
+    call(&[&url]);
+    assert!(!received(&server).await[2]
+        .headers
+        .contains_key("content-type"));
+}
+
+#[test]
+fn every_example_answers_help_and_runs_nothing() {
+    for name in ["call", "demo", "herd", "payments_server"] {
+        let out = example(name).arg("--help").output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {out:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(help.contains(&format!("Usage: {name}")), "{name}: {help}");
+        assert!(out.stderr.is_empty(), "{name}: {}", stderr(&out));
+    }
+    // The demo's help is not the demo: its table never starts.
+    let out = example("demo").arg("--help").output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("POST /payments:"));
+    // Nor is an option it does not know.
+    let out = example("demo").arg("--bogus").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty());
 }

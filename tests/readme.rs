@@ -102,3 +102,153 @@ fn the_crates_a_user_needs_are_re_exported() {
         .build();
     drop(client);
 }
+
+/// Every Rust block a reader can paste: both READMEs and both crates'
+/// front pages.
+fn pasted_sources() -> [(&'static str, String); 4] {
+    /// The text of a crate's `//!` docs.
+    fn front_page(source: &str) -> String {
+        source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//!"))
+            .map(|l| l.strip_prefix(' ').unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+    [
+        ("README.md", README.to_owned()),
+        (
+            "tower-idempotency/README.md",
+            include_str!("../tower-idempotency/README.md").to_owned(),
+        ),
+        ("src/lib.rs", front_page(include_str!("../src/lib.rs"))),
+        (
+            "tower-idempotency/src/lib.rs",
+            front_page(include_str!("../tower-idempotency/src/lib.rs")),
+        ),
+    ]
+}
+
+#[test]
+fn every_rust_block_in_both_readmes_and_front_pages_compiles_as_pasted() {
+    // Each of these is compiled by `cargo test --doc`: the READMEs through
+    // the `ReadmeDoctests` items below, the front pages as crate docs.
+    for (crate_root, source) in [
+        ("src/lib.rs", include_str!("../src/lib.rs")),
+        (
+            "tower-idempotency/src/lib.rs",
+            include_str!("../tower-idempotency/src/lib.rs"),
+        ),
+    ] {
+        assert!(
+            source.contains("#[doc = include_str!(\"../README.md\")]\nstruct ReadmeDoctests;"),
+            "{crate_root} no longer compiles its README"
+        );
+    }
+    let mut count = 0;
+    for (file, text) in pasted_sources() {
+        let mut rest = text.as_str();
+        while let Some(open) = rest.find("```") {
+            let after = &rest[open + 3..];
+            let (info, body) = after.split_once('\n').unwrap();
+            let close = body.find("```").unwrap();
+            rest = &body[close + 3..];
+            // rustdoc compiles a block as Rust unless its info string
+            // names another language (no info, or only attributes, is Rust).
+            let rustdoc_words = [
+                "rust",
+                "no_run",
+                "ignore",
+                "should_panic",
+                "compile_fail",
+                "edition2021",
+            ];
+            let rust = info
+                .split(',')
+                .map(str::trim)
+                .all(|t| t.is_empty() || rustdoc_words.contains(&t));
+            if !rust {
+                continue;
+            }
+            count += 1;
+            let first = body.lines().next().unwrap_or("");
+            for attr in ["ignore", "compile_fail"] {
+                assert!(
+                    !info.split(',').any(|t| t == attr),
+                    "{file}: a block marked {attr} is not compiled: {first}"
+                );
+            }
+            // rustdoc hides lines starting with `# `: a reader would paste
+            // the block without them.
+            for line in body[..close].lines() {
+                let t = line.trim_start();
+                assert!(
+                    !(t == "#" || t.starts_with("# ")),
+                    "{file}: hidden line {line:?} in the block starting {first:?}"
+                );
+            }
+        }
+    }
+    assert!(count >= 12, "{count} blocks: the walk found them all");
+}
+
+#[test]
+fn the_status_table_is_the_classifier_s() {
+    use reqwest_safe_retry::reqwest::StatusCode;
+    use reqwest_safe_retry::{classify_status, Class};
+
+    let table = section("What it does");
+    let codes = |cell: &str| -> Vec<u16> {
+        cell.split(|c: char| !c.is_ascii_digit())
+            .filter(|w| w.len() == 3)
+            .map(|w| w.parse().unwrap())
+            .collect()
+    };
+    let row = |class: &str| {
+        let line = table
+            .lines()
+            .find(|l| l.contains(&format!("| {class}")) && !l.contains("Idempotency-Key"))
+            .unwrap_or_else(|| panic!("no {class} row"));
+        codes(line.split('|').nth(1).unwrap())
+    };
+    let transient = row("transient: retried");
+    let permanent = row("permanent");
+    for &code in &transient {
+        let status = StatusCode::from_u16(code).unwrap();
+        assert_eq!(classify_status(status, false), Class::Transient, "{code}");
+    }
+    for &code in &permanent {
+        let status = StatusCode::from_u16(code).unwrap();
+        assert_eq!(classify_status(status, false), Class::Permanent, "{code}");
+    }
+    // Every registered 5xx is named in one of the two rows (509 is not
+    // registered).
+    for code in (500..=511).filter(|&c| c != 509) {
+        assert!(
+            transient.contains(&code) || permanent.contains(&code),
+            "{code} is missing from the README's table"
+        );
+    }
+}
+
+#[test]
+fn the_reqwest_retry_section_swaps_the_middleware_and_its_policy() {
+    // The block compiles as a doctest (reqwest-retry is a dev-dependency);
+    // this keeps it the swap, and its claims tied to the test that shows
+    // them.
+    let text = section("Coming from reqwest-retry");
+    let rust = blocks(text, "rust");
+    assert_eq!(rust.len(), 1);
+    for needed in [
+        "RetryTransientMiddleware::new_with_policy(policy)",
+        "build_with_max_retries(3)",
+        "RetryMiddleware::new(policy)",
+        ".max_attempts(4)",
+    ] {
+        assert!(rust[0].contains(needed), "{needed}");
+    }
+    assert!(text.contains("`tests/from_reqwest_retry.rs`"));
+    assert!(std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/from_reqwest_retry.rs")
+        .exists());
+}

@@ -1,6 +1,6 @@
 //! The client agrees with the server: a response marked
 //! `Idempotent-Replayed: true` is the stored outcome of the original
-//! operation, final, never retried (DESIGN.md "Classification").
+//! operation, final, never retried.
 
 mod support;
 

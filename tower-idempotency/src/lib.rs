@@ -9,30 +9,30 @@
 //! use tower::ServiceExt;
 //! use tower_idempotency::{IdempotencyLayer, MemoryStore};
 //!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let runs = Arc::new(AtomicUsize::new(0));
-//! let counter = runs.clone();
-//! let app = Router::new()
-//!     .route("/payments", post(move || async move {
-//!         counter.fetch_add(1, Ordering::SeqCst);
-//!         (StatusCode::CREATED, "paid")
-//!     }))
-//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() {
+//!     let runs = Arc::new(AtomicUsize::new(0));
+//!     let counter = runs.clone();
+//!     let app = Router::new()
+//!         .route("/payments", post(move || async move {
+//!             counter.fetch_add(1, Ordering::SeqCst);
+//!             (StatusCode::CREATED, "paid")
+//!         }))
+//!         .layer(IdempotencyLayer::new(MemoryStore::new()));
 //!
-//! let request = || {
-//!     Request::post("/payments")
-//!         .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
-//!         .body(Body::from("amount=10"))
-//!         .unwrap()
-//! };
-//! let first = app.clone().oneshot(request()).await.unwrap();
-//! assert_eq!(first.status(), StatusCode::CREATED);
-//! let retry = app.clone().oneshot(request()).await.unwrap();
-//! assert_eq!(retry.status(), StatusCode::CREATED);
-//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
-//! assert_eq!(runs.load(Ordering::SeqCst), 1); // the handler ran once
-//! # }
+//!     let request = || {
+//!         Request::post("/payments")
+//!             .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+//!             .body(Body::from("amount=10"))
+//!             .unwrap()
+//!     };
+//!     let first = app.clone().oneshot(request()).await.unwrap();
+//!     assert_eq!(first.status(), StatusCode::CREATED);
+//!     let retry = app.clone().oneshot(request()).await.unwrap();
+//!     assert_eq!(retry.status(), StatusCode::CREATED);
+//!     assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//!     assert_eq!(runs.load(Ordering::SeqCst), 1); // the handler ran once
+//! }
 //! ```
 //!
 //! # What happens to a request
@@ -158,6 +158,12 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+/// The README's examples compile as doctests, as a reader pastes them (the
+/// PostgreSQL ones need the `postgres` feature).
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 mod body;
 mod config;
