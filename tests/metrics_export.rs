@@ -1,8 +1,9 @@
 //! The `metrics` feature: what the policy counts reaches the installed
 //! recorder, under the documented names, as it happens.
 //!
-//! `cargo test -p reqwest-safe-retry --features metrics --test metrics_export`
-//! (`.ci/run` runs it). One test: the recorder is global to the process.
+//! The crate's tests build it with `metrics` (a dev-dependency on itself),
+//! so the README's `cargo test` runs this. One test: the recorder is global
+//! to the process.
 #![cfg(feature = "metrics")]
 
 use std::collections::HashMap;
