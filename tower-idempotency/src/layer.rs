@@ -4,7 +4,7 @@
 //! that future is dropped (`inline.rs`).
 
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -252,11 +252,16 @@ where
         Box::pin(async move {
             let (parts, body) = req.into_parts();
             let body = pin!(body);
-            let read = tokio::time::timeout(
-                config.request_body_timeout,
-                collect(body, config.max_request_body),
-            );
-            let Ok(read) = read.await else {
+            let mut collecting = pin!(collect(body, config.max_request_body));
+            // A body already there (one frame, the common case) is read
+            // without a timer; only one still arriving is timed.
+            let read = match poll_fn(|cx| Poll::Ready(collecting.as_mut().poll(cx))).await {
+                Poll::Ready(read) => Ok(read),
+                Poll::Pending => {
+                    tokio::time::timeout(config.request_body_timeout, collecting).await
+                }
+            };
+            let Ok(read) = read else {
                 let detail = format!(
                     "the request body did not arrive within {:?}",
                     config.request_body_timeout

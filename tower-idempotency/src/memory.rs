@@ -79,8 +79,10 @@ impl Record {
 }
 
 /// What one scope (one caller) holds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ScopeRecords {
+    /// The scope, shared with its records.
+    scope: Arc<str>,
     /// Its records, in progress or completed.
     count: usize,
     /// Its completed records (hash and identity), oldest completion first
@@ -155,11 +157,25 @@ impl Inner {
         self.joined.clear();
         self.joined.push_str(scope);
         self.joined.push_str(key);
-        let scope = match self.scopes.get_key_value(scope) {
-            Some((shared, _)) => shared.clone(),
-            None => Arc::from(scope),
+        // One lookup when the scope holds records already (the common case).
+        let scope = match self.scopes.get_mut(scope) {
+            Some(records) => {
+                records.count += 1;
+                records.scope.clone()
+            }
+            None => {
+                let shared: Arc<str> = Arc::from(scope);
+                self.scopes.insert(
+                    shared.clone(),
+                    ScopeRecords {
+                        scope: shared.clone(),
+                        count: 1,
+                        completed: BTreeMap::new(),
+                    },
+                );
+                shared
+            }
         };
-        self.scopes.entry(scope.clone()).or_default().count += 1;
         (Arc::from(self.joined.as_str()), scope)
     }
 
