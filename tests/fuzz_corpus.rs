@@ -1,7 +1,7 @@
 //! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the
 //! same checks the cargo-fuzz targets run, on stable, so every input the
 //! fuzzer found interesting stays a regression test in CI. Fuzzing itself
-//! needs nightly: see BENCHMARKS.md, "Fuzzing".
+//! needs nightly: see BENCHMARKS.md, "Has the parsing been fuzzed?".
 
 #[path = "../fuzz/checks.rs"]
 mod checks;
