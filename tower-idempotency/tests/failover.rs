@@ -17,7 +17,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +37,8 @@ use tower_idempotency::{IdempotencyLayer, PostgresStore};
 struct Proxy {
     addr: SocketAddr,
     up: Arc<AtomicBool>,
+    /// Connections refused while cut: proof that the stores go through it.
+    refused: Arc<AtomicUsize>,
     /// The forwarding tasks of the open connections.
     open: Arc<Mutex<JoinSet<()>>>,
 }
@@ -46,8 +48,9 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let up = Arc::new(AtomicBool::new(true));
+        let refused = Arc::new(AtomicUsize::new(0));
         let open = Arc::new(Mutex::new(JoinSet::new()));
-        let (accept_up, accept_open) = (up.clone(), open.clone());
+        let (accept_up, accept_open, accept_refused) = (up.clone(), open.clone(), refused.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -55,13 +58,19 @@ impl Proxy {
                 };
                 if !accept_up.load(Ordering::SeqCst) {
                     // Refused: closed at once.
+                    accept_refused.fetch_add(1, Ordering::SeqCst);
                     drop(client);
                     continue;
                 }
                 accept_open.lock().unwrap().spawn(forward(client, upstream));
             }
         });
-        Self { addr, up, open }
+        Self {
+            addr,
+            up,
+            refused,
+            open,
+        }
     }
 
     /// Cuts every connection and refuses new ones until `restore`.
@@ -75,14 +84,15 @@ impl Proxy {
         self.up.store(true, Ordering::SeqCst);
     }
 
-    /// The database URL through this proxy.
+    /// The database URL through this proxy: `DATABASE_URL` with its
+    /// host and port replaced by the proxy's.
     fn url(&self) -> String {
         let direct = database_url();
-        let upstream = upstream_addr();
-        direct.replace(
-            &format!("{}:{}", upstream.ip(), upstream.port()),
-            &self.addr.to_string(),
-        )
+        let (scheme_user, rest) = direct
+            .split_once('@')
+            .expect("DATABASE_URL has the form postgres://user@host:port/db");
+        let path = rest.find('/').map_or("", |at| &rest[at..]);
+        format!("{scheme_user}@{}{path}", self.addr)
     }
 }
 
@@ -237,6 +247,10 @@ async fn through_an_outage(outage: Duration) {
         answers.insert(key, reply);
     }
 
+    assert!(
+        proxy.refused.load(Ordering::SeqCst) > 0,
+        "no store connected through the proxy during the outage"
+    );
     let runs = effects.0.lock().unwrap().clone();
     let doubled: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
     let succeeded = answers
