@@ -294,10 +294,12 @@ impl IdempotencyLayerBuilder {
     /// to 1 s. Meanwhile the key's lease is kept alive, so no retry takes
     /// it over: a store that is gone for seconds or minutes (a database
     /// failover) gets the response as soon as it is back, and retries get
-    /// the replay. Past it the layer answers the `410` marker and tries to
-    /// store that once more; if that fails too the key stays in progress
-    /// and is taken over once its lease is seen stale (its handler may then
-    /// run again: size this above your longest failover).
+    /// the replay. A permanent store error is not tried again. Past it the
+    /// layer answers the `410` marker and tries to store that with the same
+    /// patience; if that fails too the key stays in progress and is taken
+    /// over once its lease is seen stale (its handler may then run again:
+    /// size this above your longest failover). `Duration::MAX` means "as
+    /// long as the process lives".
     pub fn completion_patience(mut self, patience: Duration) -> Self {
         self.config.completion_patience = patience;
         self

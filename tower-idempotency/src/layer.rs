@@ -257,6 +257,11 @@ where
             // without a timer; only one still arriving is timed.
             let read = match poll_fn(|cx| Poll::Ready(collecting.as_mut().poll(cx))).await {
                 Poll::Ready(read) => Ok(read),
+                // A timer needs a tokio runtime: without one the request is
+                // answered below, once its body is in.
+                Poll::Pending if tokio::runtime::Handle::try_current().is_err() => {
+                    Ok(collecting.await)
+                }
                 Poll::Pending => {
                     tokio::time::timeout(config.request_body_timeout, collecting).await
                 }

@@ -228,16 +228,6 @@ impl Inner {
             }
         }
     }
-
-    /// The scope that holds the most records, among those with a completed
-    /// record to give up.
-    fn largest_scope(&self) -> Option<Arc<str>> {
-        self.scopes
-            .iter()
-            .filter(|(_, s)| !s.completed.is_empty())
-            .max_by_key(|(_, s)| s.count)
-            .map(|(scope, _)| scope.clone())
-    }
 }
 
 /// An idempotency store kept in a `Mutex` over a hash table inside the process.
@@ -247,20 +237,23 @@ impl Inner {
 /// [`with_clock`](Self::with_clock) with a [`ManualClock`](crate::ManualClock)
 /// to test expiry and lock timeouts without sleeping.
 ///
-/// Bounded: at most [`max_keys`](Self::max_keys) records (default 100 000).
-/// When a new key would exceed the bound, expired records are swept first
-/// (at most once a second); then a completed record is evicted, and only
-/// from the caller that holds the most: the claiming caller's own oldest
-/// one when it holds at least an even share of the store, else the oldest
-/// one of the caller that holds the most records. So one caller flooding
-/// the store with keys evicts its own keys, never another caller's (a
-/// caller's keys are evicted by others only while it is the store's
-/// largest holder). In-progress claims are never evicted (a claim that
-/// finds only in-progress records gets a transient error, answered `503`).
-/// Every eviction of a completed record before its expiry is logged at
-/// `warn` and counted ([`evictions`](Self::evictions)): a retry of that key
-/// would run its handler again, so size `max_keys` above the keys your
-/// callers send within the expiry. Expired records are swept while
+/// Bounded: at most [`max_keys`](Self::max_keys) records (default 100 000),
+/// and at most [`max_keys_per_scope`](Self::max_keys_per_scope) of them for
+/// one caller (one scope; by default no bound of its own). When a new key
+/// would exceed a bound, expired records are swept first (at most once a
+/// second); then **the claiming caller's own** oldest completed record is
+/// evicted, never another caller's: one caller flooding the store, or many
+/// callers each sending a key, can never make another caller's completed
+/// key run again inside its expiry. A caller with nothing of its own to
+/// give up gets a transient error (answered `503` + `Retry-After`) until
+/// records expire: under a flood a newcomer may be refused, never charged
+/// twice. Set `max_keys_per_scope` (a quarter of `max_keys`, say) when
+/// callers are not trusted, so that one of them cannot fill the store.
+/// In-progress claims are never evicted. Every eviction of a completed
+/// record before its expiry is logged at `warn` and counted
+/// ([`evictions`](Self::evictions)): a retry of that key would run its
+/// handler again, so size `max_keys` above the keys a caller sends within
+/// the expiry. Expired records are swept while
 /// writing, at most once per [`sweep_every`](Self::sweep_every) (default
 /// 60 s), so no background task is needed.
 ///
@@ -282,6 +275,8 @@ pub struct MemoryStore {
     nonce: u64,
     clock: Arc<dyn Clock>,
     max_keys: NonZeroUsize,
+    /// One caller's bound (`None`: only `max_keys`).
+    max_keys_per_scope: Option<NonZeroUsize>,
     sweep_every: Duration,
 }
 
@@ -304,6 +299,7 @@ impl MemoryStore {
             nonce: uuid::Uuid::new_v4().as_u64_pair().0,
             clock,
             max_keys: NonZeroUsize::new(DEFAULT_MEMORY_MAX_KEYS).unwrap_or(NonZeroUsize::MIN),
+            max_keys_per_scope: None,
             sweep_every: DEFAULT_SWEEP_EVERY,
         }
     }
@@ -311,6 +307,14 @@ impl MemoryStore {
     /// Holds at most `max` records (default 100 000).
     pub fn max_keys(mut self, max: NonZeroUsize) -> Self {
         self.max_keys = max;
+        self
+    }
+
+    /// Holds at most `max` records for one caller (one scope); a caller at
+    /// its bound makes room by giving up its own oldest completed record,
+    /// or is refused. Default: no bound but [`max_keys`](Self::max_keys).
+    pub fn max_keys_per_scope(mut self, max: NonZeroUsize) -> Self {
+        self.max_keys_per_scope = Some(max);
         self
     }
 
@@ -348,15 +352,20 @@ impl MemoryStore {
     fn maybe_sweep(&self, inner: &mut Inner, now: SystemTime) {
         if inner.next_sweep.is_none_or(|at| at <= now) {
             inner.sweep(now);
-            inner.next_sweep = Some(now.checked_add(self.sweep_every).unwrap_or(now));
+            inner.next_sweep = Some(later(now, self.sweep_every));
         }
     }
 
     /// Makes room for one new record of `scope`, or explains why there is
     /// none.
     fn make_room(&self, inner: &mut Inner, scope: &str, now: SystemTime) -> Result<(), StoreError> {
-        let max = self.max_keys.get();
-        if inner.records.len() < max {
+        let own = |inner: &Inner| inner.scopes.get(scope).map_or(0, |s| s.count);
+        let per_scope = self
+            .max_keys_per_scope
+            .map_or(usize::MAX, NonZeroUsize::get);
+        let fits =
+            |inner: &Inner| inner.records.len() < self.max_keys.get() && own(inner) < per_scope;
+        if fits(inner) {
             return Ok(());
         }
         // Expired records first: a sweep is O(n), so at most once a second.
@@ -365,28 +374,25 @@ impl MemoryStore {
             .is_none_or(|at| later(at, FULL_SWEEP_EVERY) <= now)
         {
             inner.last_full_sweep = Some(now);
-            if inner.sweep(now) > 0 {
+            if inner.sweep(now) > 0 && fits(inner) {
                 return Ok(());
             }
         }
-        // Then a completed record of the caller holding the most: its own
-        // when it holds at least an even share (the flooder's case, O(log
-        // n)), else the largest holder's (O(scopes)).
-        let own = inner.scopes.get(scope).map_or(0, |s| s.count);
-        let even_share = max / inner.scopes.len().max(1);
-        if own >= even_share && inner.evict_oldest_completed(scope) {
+        // Then the caller's own oldest completed record: never another's.
+        if inner.evict_oldest_completed(scope) {
             return Ok(());
         }
-        if let Some(largest) = inner.largest_scope() {
-            if inner.evict_oldest_completed(&largest) {
-                return Ok(());
-            }
-        }
-        Err(StoreError::msg(format!(
-            "the memory store is full: {} keys are in progress",
-            inner.records.len()
-        ))
-        .transient())
+        let why = if own(inner) >= per_scope {
+            format!("this caller holds its {per_scope} keys in progress")
+        } else {
+            format!(
+                "the memory store is full ({} keys) and this caller holds no completed key to \
+                 make room with",
+                inner.records.len()
+            )
+        };
+        tracing::warn!(scope, "memory store refused a new idempotency key: {why}");
+        Err(StoreError::msg(why).transient())
     }
 
     /// Completes the claim held with `lease` with the response `response`

@@ -29,11 +29,13 @@ pub const MIGRATION_SQL: &str = concat!(
 const DEFAULT_TABLE: &str = "idempotency_keys";
 
 /// Connections in the pool that [`PostgresStore::connect`] opens: enough
-/// for 32 requests in flight at once, each holding a connection (the whole
-/// request long, in the transactional mode), while three replicas still fit
-/// in PostgreSQL's default `max_connections` of 100. (sqlx's default of 10
-/// left 32 concurrent requests queueing for connections.)
-pub const DEFAULT_POOL_SIZE: u32 = 32;
+/// for 30 requests in flight at once, each holding a connection (the whole
+/// request long, in the transactional mode), while three replicas, each
+/// with its lease pool of 2, still fit in the 97 connections PostgreSQL's
+/// default `max_connections` of 100 leaves to ordinary roles (3 × 32 = 96).
+/// (sqlx's default of 10 left 32 concurrent requests queueing for
+/// connections.)
+pub const DEFAULT_POOL_SIZE: u32 = 30;
 
 /// Durations are bound as seconds; longer ones mean "never" and are capped
 /// here so that `now() + interval` cannot overflow.
@@ -144,11 +146,14 @@ pub struct PostgresStore {
 
 /// Connections of the pool that extends leases (see
 /// [`PostgresStore::new`]).
-const LEASE_POOL_SIZE: u32 = 4;
+const LEASE_POOL_SIZE: u32 = 2;
 
-/// How long one lease extension may take, connecting included, before it
-/// counts as failed and the next heartbeat tries again.
-const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one lease extension may take on one pool, connecting
+/// included, before it counts as failed. Short: after an outage the
+/// heartbeat must be back well within a lock timeout of a retry marking
+/// the lease stale (two tries, then the next tick a third of a lock
+/// timeout later: under 4 s with the defaults, against 5 s).
+const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Rows deleted per sweeping statement.
 const SWEEP_BATCH: i64 = 5_000;
@@ -159,21 +164,28 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(300);
 #[derive(Debug)]
 struct Shared {
     /// A small pool of its own for lease extensions, opened on first use
-    /// with the main pool's connect options.
-    lease_pool: std::sync::OnceLock<PgPool>,
+    /// with the main pool's options and hooks.
+    lease_pool: std::sync::OnceLock<LeasePool>,
     /// When the next sweep is due (`None`: sweeping is off).
     next_sweep: std::sync::Mutex<Option<std::time::Instant>>,
     sweep_every: Option<Duration>,
+}
+
+/// The lease pool, with the main pool's connect options it was made with
+/// (a newer set, from `Pool::set_connect_options`, is passed on).
+#[derive(Debug)]
+struct LeasePool {
+    pool: PgPool,
+    options: std::sync::Mutex<Arc<sqlx::postgres::PgConnectOptions>>,
 }
 
 impl Shared {
     fn new(sweep_every: Option<Duration>) -> Self {
         Self {
             lease_pool: std::sync::OnceLock::new(),
-            next_sweep: std::sync::Mutex::new(
-                sweep_every
-                    .map(|every| std::time::Instant::now() + every.min(Duration::from_secs(60))),
-            ),
+            next_sweep: std::sync::Mutex::new(sweep_every.and_then(|every| {
+                std::time::Instant::now().checked_add(every.min(Duration::from_secs(60)))
+            })),
             sweep_every,
         }
     }
@@ -224,12 +236,16 @@ impl PostgresStore {
     /// A store using `pool` and the default table `idempotency_keys`.
     ///
     /// Lease extensions (the heartbeat of running handlers) go through a
-    /// second pool of at most 4 connections, opened on first use with
-    /// `pool`'s connect options, each call bounded to 2 s: a heartbeat
-    /// never queues behind the handlers' own connections (a handler holding
-    /// a pooled transaction, a pool too small for the load), and after an
-    /// outage of the database it is back within one heartbeat, not after
-    /// the main pool's connect back-off. Count those connections in
+    /// second pool of at most 2 connections, opened on first use with
+    /// `pool`'s options, hooks (`after_connect`, ...) and connect options
+    /// (and any newer ones set on `pool` later, such as a rotated
+    /// password), each call bounded to 1 s: a heartbeat never queues behind
+    /// the handlers' own connections (a handler holding a pooled
+    /// transaction, a pool too small for the load), and after an outage of
+    /// the database it is back within one heartbeat, not after the main
+    /// pool's connect back-off. An extension the lease pool cannot make (no
+    /// connection slot left on the server, say) is tried once more on
+    /// `pool`, also bounded to 1 s. Count those 2 connections in
     /// PostgreSQL's `max_connections`.
     ///
     /// The store sweeps expired records by itself, in bounded batches from
@@ -254,14 +270,50 @@ impl PostgresStore {
         self
     }
 
-    /// The pool for lease extensions (see [`PostgresStore::new`]).
+    /// The pool for lease extensions (see [`PostgresStore::new`]), with the
+    /// main pool's current connect options.
     fn lease_pool(&self) -> &PgPool {
-        self.shared.lease_pool.get_or_init(|| {
-            PgPoolOptions::new()
+        let current = self.pool.connect_options();
+        let lease = self.shared.lease_pool.get_or_init(|| LeasePool {
+            pool: self
+                .pool
+                .options()
+                .clone()
                 .max_connections(LEASE_POOL_SIZE)
+                .min_connections(0)
                 .acquire_timeout(LEASE_CALL_TIMEOUT)
-                .connect_lazy_with((*self.pool.connect_options()).clone())
-        })
+                .connect_lazy_with((*current).clone()),
+            options: std::sync::Mutex::new(current.clone()),
+        });
+        let mut options = lease.options.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&options, &current) {
+            lease.pool.set_connect_options((*current).clone());
+            *options = current;
+        }
+        &lease.pool
+    }
+
+    /// One extension on `pool`, bounded to [`LEASE_CALL_TIMEOUT`].
+    async fn extend_on(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let extend = sqlx::query(&self.queries.extend)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .execute(pool);
+        let Ok(result) = tokio::time::timeout(LEASE_CALL_TIMEOUT, extend).await else {
+            let err = StoreError::msg(format!(
+                "extending the lease of an idempotency key: no answer within {LEASE_CALL_TIMEOUT:?}"
+            ));
+            return Err(err.transient());
+        };
+        let done = result.map_err(db_err("extending the lease of an idempotency key"))?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Starts a sweep in a task of its own if one is due.
@@ -277,8 +329,11 @@ impl PostgresStore {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             match *next {
+                // Not due; or never again (the interval overflowed).
                 Some(at) if at > now => return,
-                _ => *next = Some(now + every),
+                None => return,
+                // An interval past what an `Instant` holds means never again.
+                Some(_) => *next = now.checked_add(every),
             }
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -434,11 +489,16 @@ impl PostgresStore {
     /// transactional mode, where the claim commits with the handler's
     /// writes). A claim that loses the insert race and then finds the row
     /// gone (it was released in between) tries again; a few rounds suffice.
+    ///
+    /// Does not mark a stale lease: `true` beside the outcome says the
+    /// caller must, with [`PostgresStore::mark_stale`], on a connection
+    /// whose work commits (never inside a transaction about to be rolled
+    /// back, where the mark would vanish with it).
     pub(crate) async fn claim_on(
         &self,
         conn: &mut PgConnection,
         req: ClaimRequest<'_>,
-    ) -> Result<ClaimOutcome, StoreError> {
+    ) -> Result<(ClaimOutcome, bool), StoreError> {
         check_ids(req.scope, req.key)?;
         self.maybe_sweep();
         for _ in 0..8 {
@@ -457,14 +517,15 @@ impl PostgresStore {
                 // holds for at most its `lock_timeout`: that request is in
                 // progress.
                 Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
-                    return Ok(ClaimOutcome::InProgress {
+                    let busy = ClaimOutcome::InProgress {
                         fingerprint_matches: true,
-                    })
+                    };
+                    return Ok((busy, false));
                 }
                 other => other.map_err(db_err("claiming idempotency key"))?,
             };
             if claimed.is_some() {
-                return Ok(ClaimOutcome::Claimed(lease));
+                return Ok((ClaimOutcome::Claimed(lease), false));
             }
             let Some(outcome) = self
                 .read_on(conn, req.scope, req.key, req.fingerprint)
@@ -472,28 +533,38 @@ impl PostgresStore {
             else {
                 continue;
             };
-            if matches!(
+            let mark = matches!(
                 outcome,
                 ClaimOutcome::InProgress {
                     fingerprint_matches: true
                 }
-            ) {
-                // A stale lease seen for the first time: its owner gets a
-                // lock timeout to come back before a takeover.
-                sqlx::query(&self.queries.mark_stale)
-                    .bind(req.scope)
-                    .bind(req.key)
-                    .bind(req.fingerprint.as_bytes().as_slice())
-                    .bind(interval_secs(req.lock_timeout))
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db_err("marking a stale idempotency lease"))?;
-            }
-            return Ok(outcome);
+            );
+            return Ok((outcome, mark));
         }
         Err(StoreError::msg(
             "claiming idempotency key: the row kept changing, giving up",
         ))
+    }
+
+    /// Marks the lease of `req`'s key as seen stale if it is stale and not
+    /// marked since its last extension: its owner gets a lock timeout to
+    /// come back before a takeover. On `conn`, or on the pool.
+    pub(crate) async fn mark_stale(
+        &self,
+        conn: Option<&mut PgConnection>,
+        req: ClaimRequest<'_>,
+    ) -> Result<(), StoreError> {
+        let mark = sqlx::query(&self.queries.mark_stale)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(interval_secs(req.lock_timeout));
+        match conn {
+            Some(conn) => mark.execute(conn).await,
+            None => mark.execute(&self.pool).await,
+        }
+        .map_err(db_err("marking a stale idempotency lease"))?;
+        Ok(())
     }
 
     /// The live record of `(scope, key)` on `conn`, as a claim that did not
@@ -575,7 +646,11 @@ impl IdempotencyStore for PostgresStore {
             .acquire()
             .await
             .map_err(db_err("acquiring a connection"))?;
-        self.claim_on(&mut conn, req).await
+        let (outcome, mark) = self.claim_on(&mut conn, req).await?;
+        if mark {
+            self.mark_stale(Some(&mut conn), req).await?;
+        }
+        Ok(outcome)
     }
 
     async fn lookup(
@@ -614,22 +689,18 @@ impl IdempotencyStore for PostgresStore {
         key: &str,
         lease: LeaseToken,
     ) -> Result<bool, StoreError> {
-        // On the lease pool, bounded: see `PostgresStore::new`.
-        let extend = sqlx::query(&self.queries.extend)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .execute(self.lease_pool());
-        let result = tokio::time::timeout(LEASE_CALL_TIMEOUT, extend)
-            .await
-            .map_err(|_| {
-                StoreError::msg(format!(
-                    "extending the lease of an idempotency key: no answer within {LEASE_CALL_TIMEOUT:?}"
-                ))
-                .transient()
-            })?
-            .map_err(db_err("extending the lease of an idempotency key"))?;
-        Ok(result.rows_affected() == 1)
+        // On the lease pool, then on the main pool if the lease pool could
+        // not: see `PostgresStore::new`.
+        // (sqlx reports a connection the server refused, for want of a
+        // slot say, as a pool timeout, like an unreachable server: either
+        // way the main pool gets one bounded try.)
+        match self.extend_on(self.lease_pool(), scope, key, lease).await {
+            Ok(extended) => Ok(extended),
+            Err(err) => {
+                tracing::debug!(error = %err, "the lease pool failed; extending on the main pool");
+                self.extend_on(&self.pool, scope, key, lease).await
+            }
+        }
     }
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {

@@ -285,6 +285,10 @@ struct Claim {
     config: Arc<Config>,
 }
 
+/// A store's failure to keep a response: whether trying again may help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Retryable(bool);
+
 /// How an attempt to keep a response ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Settled {
@@ -303,10 +307,12 @@ impl Claim {
     /// again. `None` if the store kept failing.
     async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
         match self.try_complete_owned(response()).await {
-            Some(done) => Some(done),
+            Ok(done) => Some(done),
+            // A permanent error: trying again cannot help.
+            Err(Retryable(false)) => None,
             // Retries (with their timer) live in a box: held inline, they
             // would make every request's future larger.
-            None => {
+            Err(Retryable(true)) => {
                 Box::pin(self.complete_retrying(&response(), self.config.completion_patience)).await
             }
         }
@@ -343,7 +349,7 @@ impl Claim {
 
     /// The first attempt to store a handler's response, handing it over;
     /// `None` if the store failed.
-    async fn try_complete_owned(&self, response: StoredResponse) -> Option<Settled> {
+    async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
         let stored = (*self.store)
@@ -352,8 +358,12 @@ impl Claim {
         self.completed(stored, 1)
     }
 
-    /// Attempts `attempt` to store `response`; `None` if the store failed.
-    async fn try_complete(&self, response: &StoredResponse, attempt: u32) -> Option<Settled> {
+    /// Attempts `attempt` to store `response`; `Err` if the store failed.
+    async fn try_complete(
+        &self,
+        response: &StoredResponse,
+        attempt: u32,
+    ) -> Result<Settled, Retryable> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
         let stored = (*self.store)
@@ -362,18 +372,22 @@ impl Claim {
         self.completed(stored, attempt)
     }
 
-    /// What a store's answer to attempt `attempt` means, `None` if the
-    /// store failed.
-    fn completed(&self, stored: Result<bool, StoreError>, attempt: u32) -> Option<Settled> {
+    /// What a store's answer to attempt `attempt` means; `Err` if the
+    /// store failed, saying whether trying again may help.
+    fn completed(
+        &self,
+        stored: Result<bool, StoreError>,
+        attempt: u32,
+    ) -> Result<Settled, Retryable> {
         let kept = &self.kept;
         match stored {
-            Ok(true) => Some(Settled::Stored),
+            Ok(true) => Ok(Settled::Stored),
             // The handler stored its response in its own transaction.
-            Ok(false) if kept.completed_in_tx() => Some(Settled::Stored),
-            Ok(false) => Some(Settled::Lost),
+            Ok(false) if kept.completed_in_tx() => Ok(Settled::Stored),
+            Ok(false) => Ok(Settled::Lost),
             Err(err) => {
                 tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
-                None
+                Err(Retryable(err.is_transient()))
             }
         }
     }
@@ -385,15 +399,18 @@ impl Claim {
         response: &StoredResponse,
         patience: Duration,
     ) -> Option<Settled> {
-        let give_up = tokio::time::Instant::now() + patience;
+        // `None`: a patience past what an `Instant` holds, never give up.
+        let give_up = tokio::time::Instant::now().checked_add(patience);
         let mut pause = COMPLETE_BACKOFF;
         let mut attempt = 1;
-        while tokio::time::Instant::now() + pause <= give_up {
+        while give_up.is_none_or(|at| tokio::time::Instant::now() + pause <= at) {
             tokio::time::sleep(pause).await;
             pause = pause.saturating_mul(2).min(COMPLETE_BACKOFF_CAP);
             attempt += 1;
-            if let Some(done) = self.try_complete(response, attempt).await {
-                return Some(done);
+            match self.try_complete(response, attempt).await {
+                Ok(done) => return Some(done),
+                Err(Retryable(false)) => return None,
+                Err(Retryable(true)) => {}
             }
         }
         None

@@ -140,13 +140,24 @@ where
             ))
         }
     };
-    let claimed = pg
-        .claim_on(&mut tx, config.claim(&scope, &key, fingerprint))
-        .await;
+    let request = config.claim(&scope, &key, fingerprint);
+    let claimed = pg.claim_on(&mut tx, request).await;
+    let (claimed, mark) = match claimed {
+        Ok((outcome, mark)) => (Ok(outcome), mark),
+        Err(err) => (Err(err), false),
+    };
     let lease = match answer_without_running(claimed, &config) {
         Ok(lease) => lease,
         Err(answer) => {
             rollback(tx).await;
+            // After the rollback, on a connection of its own: a mark made
+            // in the transaction would vanish with it, and a two-phase
+            // owner's dead lease would never be taken over.
+            if mark {
+                if let Err(err) = pg.mark_stale(None, request).await {
+                    tracing::warn!(error = %err, key, "marking a stale idempotency lease failed");
+                }
+            }
             return Ok(answer);
         }
     };

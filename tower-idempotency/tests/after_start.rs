@@ -251,3 +251,23 @@ where
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(calls.load(Ordering::SeqCst), 1, "{}", h.name);
 }
+
+/// `completion_patience(Duration::MAX)` means "keep trying as long as the
+/// process lives", not a panic at the first failed completion (which left
+/// the key in progress without a heartbeat).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patience_of_duration_max_keeps_trying() {
+    let h = Harness::memory().await;
+    let store = Arc::new(Faulty::new(h.store.clone()));
+    store.failing_completes.store(2, Ordering::SeqCst);
+    let layer = h
+        .builder_over(store.clone())
+        .completion_patience(Duration::MAX)
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
+    let first = send(&router, post("k", "a")).await;
+    assert_eq!(first.status, 201);
+    assert!(send(&router, post("k", "a")).await.replayed());
+    assert_eq!(state.runs(), 1);
+}

@@ -144,11 +144,71 @@ async fn a_flooding_caller_evicts_only_its_own_keys() {
         other => panic!("the victim's payment was evicted: {other:?}"),
     }
     assert_eq!(store.evictions(), 901);
-    // A newcomer still gets room, from the flooder.
-    claim_in(&store, "newcomer", "k").await;
+    // A newcomer has nothing of its own to give up: refused (a transient
+    // error, answered 503), never served by evicting someone else's key.
+    let refused = store.claim(scoped("newcomer", "k")).await.unwrap_err();
+    assert!(refused.is_transient(), "{refused}");
     match store.claim(scoped("victim", "pay")).await.unwrap() {
         ClaimOutcome::Completed { .. } => {}
         other => panic!("the victim's payment was evicted: {other:?}"),
+    }
+}
+
+/// With a bound per caller, one flooder holds at most its share, so a
+/// newcomer still finds room.
+#[tokio::test]
+async fn a_bound_per_caller_leaves_room_for_newcomers() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 100).max_keys_per_scope(NonZeroUsize::new(25).unwrap());
+    for i in 0..1_000 {
+        let key = format!("flood-{i}");
+        let lease = claim_in(&store, "flooder", &key).await;
+        let response = StoredResponse::json(404, "no such thing");
+        assert!(store
+            .complete("flooder", &key, lease, &response)
+            .await
+            .unwrap());
+    }
+    assert_eq!(store.len(), 25);
+    claim_in(&store, "newcomer", "k").await;
+}
+
+/// A victim holding most of the store, and a flooder that sends every key
+/// under a new scope (a new credential each time): neither evicts any of
+/// the victim's keys.
+#[tokio::test]
+async fn neither_a_large_victim_nor_rotating_scopes_lose_a_key() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 10);
+    for i in 0..6 {
+        let key = format!("pay-{i}");
+        let lease = claim_in(&store, "victim", &key).await;
+        assert!(store
+            .complete("victim", &key, lease, &StoredResponse::json(201, "paid"))
+            .await
+            .unwrap());
+    }
+    for i in 0..100 {
+        let key = format!("f-{i}");
+        if let Ok(ClaimOutcome::Claimed(lease)) = store.claim(scoped("flooder", &key)).await {
+            let response = StoredResponse::json(404, "no");
+            store
+                .complete("flooder", &key, lease, &response)
+                .await
+                .unwrap();
+        }
+        // The same from a new scope each time: refused once full.
+        let _ = store.claim(scoped(&format!("sybil-{i}"), "f")).await;
+    }
+    for i in 0..6 {
+        let again = store
+            .claim(scoped("victim", &format!("pay-{i}")))
+            .await
+            .unwrap();
+        assert!(
+            matches!(again, ClaimOutcome::Completed { .. }),
+            "pay-{i} would run again: {again:?}"
+        );
     }
 }
 
@@ -185,12 +245,12 @@ async fn a_reclaimed_key_is_not_evicted_as_completed() {
     // still has a (stale) place in the eviction order.
     clock.advance(Duration::from_millis(500));
     claim_in(&store, "v", "a").await;
-    // Full again, too soon for another sweep: "b2" goes, never "a".
-    claim_in(&store, "v", "new").await;
+    // Full again, too soon for another sweep: "v" has no completed key of
+    // its own to give up ("a"'s old place in the order is stale), so it is
+    // refused, and "a" stays in progress.
+    assert!(store.claim(scoped("v", "new")).await.is_err());
     assert!(matches!(
         store.claim(scoped("v", "a")).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
-    let b2 = store.lookup("f", "b2", Fingerprint([7; 32])).await.unwrap();
-    assert_eq!(b2, None, "b2 should have made room");
 }

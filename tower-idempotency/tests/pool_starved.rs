@@ -14,6 +14,7 @@ use axum::routing::post as post_route;
 use axum::Router;
 use support::{database_url, post, send, Faulty, Harness};
 use tokio::sync::Notify;
+use tower_idempotency::IdempotencyStore;
 use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, PostgresStore};
 
 #[derive(Clone)]
@@ -96,4 +97,117 @@ async fn a_handler_holding_the_pool_keeps_its_lease() {
     app.proceed.notify_one();
     assert_eq!(running.await.unwrap().status, 201);
     cleanup.run().await;
+}
+
+async fn claim_k(store: &PostgresStore) -> tower_idempotency::LeaseToken {
+    let outcome = store
+        .claim(ClaimRequest {
+            scope: "s",
+            key: "k",
+            fingerprint: Fingerprint([1; 32]),
+            lock_timeout: Duration::from_secs(3),
+            ttl: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed(lease) = outcome else {
+        panic!("{outcome:?}")
+    };
+    lease
+}
+
+/// The lease pool is made with the main pool's hooks too: a pool whose
+/// `after_connect` sets the `search_path` (the table lives in its own
+/// schema) extends leases; one made from the connect options alone could
+/// not find the table, and a live handler was taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_pool_runs_the_main_pools_hooks() {
+    use sqlx::Executor;
+    let schema = tower_idempotency_test_name("tih_");
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    admin
+        .execute(format!("CREATE SCHEMA {schema}").as_str())
+        .await
+        .unwrap();
+    let path = schema.clone();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .after_connect(move |conn, _| {
+            let path = path.clone();
+            Box::pin(async move {
+                conn.execute(format!("SET search_path TO {path}").as_str())
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect(&database_url())
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool).with_table("idem").unwrap();
+    store.migrate().await.unwrap();
+    let lease = claim_k(&store).await;
+    let extended = store.extend_lease("s", "k", lease).await;
+    admin
+        .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
+        .await
+        .unwrap();
+    assert!(extended.unwrap(), "the lease was not extended");
+}
+
+/// A server with no connection slot left for the lease pool (a role's
+/// connection limit stands in for a full `max_connections`): the extension
+/// is made on the main pool's open connections instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_the_lease_pool_is_refused_goes_through_the_main_pool() {
+    use sqlx::Executor;
+    let role = tower_idempotency_test_name("tir_");
+    let table = tower_idempotency_test_name("tit_");
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    admin
+        .execute(format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2").as_str())
+        .await
+        .unwrap();
+    let setup = PostgresStore::new(admin.clone())
+        .with_table(&table)
+        .unwrap();
+    setup.migrate().await.unwrap();
+    admin
+        .execute(format!("GRANT ALL ON {table} TO {role}").as_str())
+        .await
+        .unwrap();
+    let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .min_connections(2)
+        .connect_with(options.username(&role))
+        .await
+        .unwrap();
+    // Both of the role's slots are the main pool's.
+    let (a, b) = (pool.acquire().await.unwrap(), pool.acquire().await.unwrap());
+    drop((a, b));
+    let store = PostgresStore::new(pool)
+        .with_table(&table)
+        .unwrap()
+        .sweep_every(None);
+    let lease = claim_k(&store).await;
+    let extended = store.extend_lease("s", "k", lease).await;
+    store.pool().close().await;
+    admin
+        .execute(format!("DROP TABLE {table}").as_str())
+        .await
+        .unwrap();
+    let _ = admin.execute(format!("DROP ROLE {role}").as_str()).await;
+    assert!(extended.unwrap(), "the lease was not extended");
+}
+
+fn tower_idempotency_test_name(prefix: &str) -> String {
+    support::unique(prefix)
 }

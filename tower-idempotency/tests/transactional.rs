@@ -273,3 +273,40 @@ async fn duplicates_of_a_slow_key_do_not_hold_the_pool() {
     assert_eq!(s.effects().await, 1);
     s.done().await;
 }
+
+/// A key left in progress by a dead two-phase owner (a route moved from
+/// the two-phase mode to the transactional one, sharing the table) is
+/// taken over by transactional retries too: the stale mark is written
+/// outside the retry's rolled-back transaction, so it persists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_two_phase_owner_is_taken_over_by_transactional_retries() {
+    let s = Setup::new().await;
+    let mut dead = support::Faulty::new(s.h.store.clone());
+    dead.no_heartbeat = true;
+    let two_phase = IdempotencyLayer::builder(dead).build().unwrap();
+    let (router_a, state_a) = support::app(two_phase);
+    let started = state_a.started.notified();
+    let _stuck = spawn_waiting(&router_a, "k", "7");
+    started.await;
+    s.h.advance(std::time::Duration::from_secs(6)).await;
+    // The first transactional retry finds the lease stale and marks it.
+    send(&s.router, post("k", "7")).await.assert_problem(409);
+    let marked: bool = sqlx::query_scalar(&format!(
+        "SELECT stale_seen_at IS NOT NULL FROM {} WHERE key = 'k'",
+        s.pg.table()
+    ))
+    .fetch_one(s.pg.pool())
+    .await
+    .unwrap();
+    assert!(
+        marked,
+        "the stale mark was rolled back with the retry's transaction"
+    );
+    // A lock timeout later, with no heartbeat since, one takes it over.
+    s.h.advance(std::time::Duration::from_secs(6)).await;
+    let taken = send(&s.router, post("k", "7")).await;
+    assert_eq!(taken.status, 201, "{:?}", taken.body);
+    assert_eq!(s.effects().await, 1);
+    state_a.proceed.notify_one();
+    s.done().await;
+}
