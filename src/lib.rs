@@ -98,6 +98,7 @@ mod metrics;
 mod middleware;
 mod options;
 mod policy;
+mod propagation;
 mod report;
 pub mod retry_after;
 mod runtime;
@@ -129,5 +130,6 @@ pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MA
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
 pub use policy::RetryPolicy;
+pub use propagation::{InheritedDeadline, DEFAULT_DEADLINE_HEADER};
 pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};
