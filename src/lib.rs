@@ -70,7 +70,8 @@
 //! combine without double submits; in the worst case one of our attempts is
 //! three on the wire. Turn reqwest's off with
 //! `ClientBuilder::retry(reqwest::retry::never())`
-//! if you want one layer to count every attempt.
+//! if you want one layer to count every attempt. Across services, the
+//! "do not retry" verdict below keeps the retries at the innermost one.
 //!
 //! # In a stack of services
 //!
