@@ -13,28 +13,6 @@
 //! // A call that succeeded needs no verdict.
 //! assert!(GiveUp::for_reason(StopReason::Success).is_none());
 //! ```
-//!
-//! Retries multiply down a stack: three attempts at each of four layers is
-//! 81 at the bottom. The service that made the call already retried it as
-//! far as its policy, its admission and its deadline allowed; its caller
-//! retrying too only multiplies the load (the SRE book's "overloaded; don't
-//! retry", Finagle's non-retryable nack). So the answer carries
-//! `Stripe-Should-Retry: false`, the verdict this crate's client honours
-//! by default (and Stripe's SDKs do), and the caller stops at once with
-//! [`StopReason::ServerSaidNo`]. Only the innermost layer retries.
-//!
-//! The status says what happened:
-//!
-//! | the call stopped with | status |
-//! |---|---|
-//! | `Deadline` | 504 Gateway Timeout |
-//! | `Permanent` (with no response to pass on: a decode error, say) | 502 Bad Gateway |
-//! | any other reason (`AttemptsExhausted`, `BudgetExhausted`, `RetryAfterTooLong`, `ServerSaidNo`, …) | 503 Service Unavailable |
-//!
-//! When the call did get a response (a 503 after its last attempt), pass
-//! that on and add the verdict with [`GiveUp::add_verdict`] instead.
-//! [`crate::InheritDeadlineLayer`] adds it by itself to a handler's answer
-//! that a client would retry, when a call made inside the handler gave up.
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
@@ -46,6 +24,28 @@ use crate::report::{RetryReport, StopReason};
 pub const DEFAULT_VERDICT_HEADER: &str = "stripe-should-retry";
 
 /// What a service answers its caller when a call it made for it gave up.
+///
+/// Retries multiply down a stack: three attempts at each of four layers is
+/// 81 at the bottom. The service that made the call already retried it as
+/// far as its policy, its admission and its deadline allowed; its caller
+/// retrying too only multiplies the load (the SRE book's "overloaded; don't
+/// retry", Finagle's non-retryable nack). So the answer carries
+/// `Stripe-Should-Retry: false`, the verdict this crate's client honours
+/// by default (and Stripe's SDKs do), and the caller stops at once with
+/// [`StopReason::ServerSaidNo`]. Only the innermost layer retries.
+///
+/// The status says what happened:
+///
+/// | the call stopped with | status |
+/// |---|---|
+/// | `Deadline` | 504 Gateway Timeout |
+/// | `Permanent` (with no response to pass on: a decode error, say) | 502 Bad Gateway |
+/// | any other reason (`AttemptsExhausted`, `BudgetExhausted`, `RetryAfterTooLong`, `ServerSaidNo`, …) | 503 Service Unavailable |
+///
+/// When the call did get a response (a 503 after its last attempt), pass
+/// that on and add the verdict with [`GiveUp::add_verdict`] instead.
+/// [`crate::InheritDeadlineLayer`] adds it by itself to a handler's answer
+/// that a client would retry, when a call made inside the handler gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GiveUp {
     reason: StopReason,

@@ -31,27 +31,6 @@
 //! ```
 //!
 //! With axum: `Router::new().route(..).layer(InheritDeadlineLayer::new())`.
-//!
-//! What the layer does with each request:
-//!
-//! - It reads `Request-Timeout-Ms` (whole milliseconds; another name with
-//!   [`InheritDeadlineLayer::header`]) and runs the inner service inside an
-//!   [`InheritedDeadline`] scope ending that long after the request
-//!   arrived. A malformed value (not only ASCII digits) is ignored, as if
-//!   absent; with several values the smallest counts.
-//! - A request whose time is already spent (`0`) is not run: the layer
-//!   answers `504 Gateway Timeout` with `Stripe-Should-Retry: false` and an
-//!   empty body at once.
-//! - When a call made inside the scope gave up (any stop reason but
-//!   success) and the handler answers with a status a client would retry
-//!   (408, 425, 429, 500, 502, 503, 504), the layer adds
-//!   `Stripe-Should-Retry: false` unless the handler set that header
-//!   itself: the handler's calls were the one retry layer
-//!   ([`crate::GiveUp`] says why).
-//!
-//! The layer does not cut a handler short when the time runs out: the
-//! handler's calls stop by themselves, and hyper drops a handler whose
-//! caller hangs up.
 
 use std::fmt;
 use std::future::Future;
@@ -71,8 +50,28 @@ use crate::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 use crate::propagation::{time_left_in, InheritedDeadline, DEFAULT_DEADLINE_HEADER};
 
 /// Reads the caller's time left from each request and runs the inner
-/// service inside an [`InheritedDeadline`] scope; see the [module
-/// docs](crate::InheritDeadlineLayer) for what it answers.
+/// service inside an [`InheritedDeadline`] scope.
+///
+/// What the layer does with each request:
+///
+/// - It reads `Request-Timeout-Ms` (whole milliseconds; another name with
+///   [`InheritDeadlineLayer::header`]) and runs the inner service inside an
+///   [`InheritedDeadline`] scope ending that long after the request
+///   arrived. A malformed value (not only ASCII digits) is ignored, as if
+///   absent; with several values the smallest counts.
+/// - A request whose time is already spent (`0`) is not run: the layer
+///   answers `504 Gateway Timeout` with `Stripe-Should-Retry: false` and an
+///   empty body at once.
+/// - When a call made inside the scope gave up (any stop reason but
+///   success) and the handler answers with a status a client would retry
+///   (408, 425, 429, 500, 502, 503, 504), the layer adds
+///   `Stripe-Should-Retry: false` unless the handler set that header
+///   itself: the handler's calls were the one retry layer
+///   ([`crate::GiveUp`] says why).
+///
+/// The layer does not cut a handler short when the time runs out: the
+/// handler's calls stop by themselves, and hyper drops a handler whose
+/// caller hangs up.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct InheritDeadlineLayer {

@@ -18,48 +18,6 @@
 //! assert_eq!(left, Some(Duration::from_millis(800)), "min(30 s, 800 ms)");
 //! # });
 //! ```
-//!
-//! # How it travels
-//!
-//! **Between services**, as a duration: every attempt carries the time left
-//! before the call's deadline, in whole milliseconds, in the
-//! `Request-Timeout-Ms` header ([`DEFAULT_DEADLINE_HEADER`]; another name
-//! with `RetryPolicyBuilder::deadline_header`, none with
-//! `RetryPolicyBuilder::no_deadline_header`). A duration and not an
-//! instant, as gRPC's `grpc-timeout` and userver do, so that clock skew
-//! between two machines cannot expire a request early or keep it alive
-//! late; the price is that the network's transit time is not subtracted.
-//!
-//! **Inside a service**, in a tokio task-local: the inbound layer
-//! ([`crate::InheritDeadlineLayer`]) reads the header and runs the handler's
-//! future inside an [`InheritedDeadline`] scope; every call that this crate
-//! makes within it — through the middleware or through [`crate::retry`] —
-//! gets `deadline = min(its own, the inherited time left)`, and so every
-//! attempt timeout is bounded by it too. No plumbing through the
-//! application: a task-local rather than the request's extensions, because
-//! the handler builds its outgoing requests itself and the extensions of
-//! the incoming one never reach them.
-//!
-//! A task-local belongs to the task: work the handler **spawns** onto
-//! another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
-//!
-//! ```
-//! # use reqwest_safe_retry::InheritedDeadline;
-//! # async fn handler() {
-//! let scope = InheritedDeadline::current();
-//! tokio::spawn(async move {
-//!     let work = async { /* calls made with this crate */ };
-//!     match scope {
-//!         Some(scope) => scope.scope(work).await,
-//!         None => work.await,
-//!     }
-//! });
-//! # }
-//! ```
-//!
-//! The layer and the client share the task-local, so both live in this
-//! crate (the client's crate): a separate layer crate would have to depend
-//! on the client for it, or the client on the layer.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -88,6 +46,53 @@ tokio::task_local! {
 
 /// What the calls made while serving one request inherit from it: the time
 /// its caller still waits, and a note of any call that gave up.
+///
+/// # How it travels
+///
+/// **Between services**, as a duration: every attempt carries the time left
+/// before the call's deadline, in whole milliseconds, in the
+/// `Request-Timeout-Ms` header ([`DEFAULT_DEADLINE_HEADER`]; another name
+/// with `RetryPolicyBuilder::deadline_header`, none with
+/// `RetryPolicyBuilder::no_deadline_header`). A duration and not an
+/// instant, as gRPC's `grpc-timeout` and userver do, so that clock skew
+/// between two machines cannot expire a request early or keep it alive
+/// late; the price is that the network's transit time is not subtracted.
+///
+/// **Inside a service**, in a tokio task-local: the inbound layer
+/// ([`crate::InheritDeadlineLayer`]) reads the header and runs the handler's
+/// future inside an [`InheritedDeadline`] scope; every call that this crate
+/// makes within it — through the middleware or through [`crate::retry`] —
+/// gets `deadline = min(its own, the inherited time left)`, and so every
+/// attempt timeout is bounded by it too. No plumbing through the
+/// application: a task-local rather than the request's extensions, because
+/// the handler builds its outgoing requests itself and the extensions of
+/// the incoming one never reach them.
+///
+/// A call that starts with no time left at all still makes its one
+/// attempt, with a zero timeout: it fails at once as a timeout, and if the
+/// request leaves before the timer fires it says `Request-Timeout-Ms: 0`,
+/// which the receiving layer answers without running its handler.
+///
+/// A task-local belongs to the task: work the handler **spawns** onto
+/// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
+///
+/// ```
+/// # use reqwest_safe_retry::InheritedDeadline;
+/// # async fn handler() {
+/// let scope = InheritedDeadline::current();
+/// tokio::spawn(async move {
+///     let work = async { /* calls made with this crate */ };
+///     match scope {
+///         Some(scope) => scope.scope(work).await,
+///         None => work.await,
+///     }
+/// });
+/// # }
+/// ```
+///
+/// The layer and the client share the task-local, so both live in this
+/// crate (the client's crate): a separate layer crate would have to depend
+/// on the client for it, or the client on the layer.
 ///
 /// Set by [`crate::InheritDeadlineLayer`] around a handler; read by every
 /// call this crate makes inside it. Clones share the note, so a scope

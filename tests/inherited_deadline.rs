@@ -158,3 +158,29 @@ async fn a_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
     assert_eq!(report.attempts(), 1);
     assert_eq!(report.stop_reason(), StopReason::Deadline);
 }
+
+/// reqwest's zero timeout fires at its first poll, before or after the
+/// request leaves (both happen): when it does leave, it says 0 ms, and a
+/// receiving `InheritDeadlineLayer` does not run it.
+#[tokio::test]
+async fn an_http_call_that_starts_with_no_time_left_fails_at_once_as_a_timeout() {
+    // Slower than the zero timeout takes to fire (a tick of tokio's timer).
+    let server = support::answering_with(ResponseTemplate::new(200).set_delay(ms(500))).await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).build().unwrap());
+    let scope = InheritedDeadline::after(Duration::ZERO);
+    let (err, report) = scope
+        .scope(support::send_failing(c.get(server.uri())))
+        .await;
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    assert_eq!(recorder.timeouts(), [Some(Duration::ZERO)]);
+    assert_eq!(
+        recorder.header_values("request-timeout-ms"),
+        [Some("0".to_owned())]
+    );
+    for sent in server.received_requests().await.unwrap() {
+        assert_eq!(sent.headers["request-timeout-ms"], "0");
+    }
+}
