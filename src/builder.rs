@@ -17,6 +17,7 @@ use crate::error::ConfigError;
 use crate::idempotency::{KeyFormat, KeyGenerator};
 use crate::metrics::Metrics;
 use crate::policy::{RetryPolicy, Rng, Settings};
+use crate::propagation::DEFAULT_DEADLINE_HEADER;
 use crate::runtime::{Clock, Sleeper, SystemClock, TokioSleeper};
 
 /// Which retry admission a built policy gets.
@@ -80,7 +81,7 @@ impl RetryPolicyBuilder {
             key_generator: KeyGenerator::UuidV4,
             key_format: KeyFormat::Bare,
             verdict_header: Ok(Some(HeaderName::from_static("stripe-should-retry"))),
-            deadline_header: Ok(None),
+            deadline_header: Ok(Some(HeaderName::from_static(DEFAULT_DEADLINE_HEADER))),
             attempt_header: Ok(None),
             throttle_backoff: None,
             admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
@@ -201,9 +202,17 @@ impl RetryPolicyBuilder {
 
     /// Send the time left before the deadline, in whole milliseconds, in this
     /// header on every attempt, so inner services can stop working on what
-    /// nobody waits for. Default: not sent.
+    /// nobody waits for ([`crate::InheritDeadlineLayer`] reads it). Default:
+    /// sent, as `Request-Timeout-Ms` ([`crate::DEFAULT_DEADLINE_HEADER`]),
+    /// whenever the call has a deadline.
     pub fn deadline_header(mut self, name: &str) -> Self {
         self.deadline_header = header_name("deadline_header", name).map(Some);
+        self
+    }
+
+    /// Send no deadline header.
+    pub fn no_deadline_header(mut self) -> Self {
+        self.deadline_header = Ok(None);
         self
     }
 

@@ -337,6 +337,8 @@ pub(crate) struct Run<'p> {
 impl<'p> Run<'p> {
     pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits) -> Self {
         let now = policy.clock.now();
+        // A call made while serving a request ends when its caller stops waiting.
+        let limits = crate::propagation::bound(limits);
         policy.metrics.call_started();
         policy.admission.first_attempt(now);
         Run {
@@ -536,6 +538,7 @@ impl<'p> Run<'p> {
     pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
         let mut report = std::mem::replace(&mut self.report, RetryReport::new());
         report.stop_reason = reason;
+        crate::propagation::note_stop(reason);
         report.elapsed = now.saturating_duration_since(self.started);
         if self.traced {
             let span = tracing::Span::current();

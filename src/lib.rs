@@ -15,7 +15,10 @@
 //!   traffic during an outage while a short blip still gets the retries it
 //!   needs (see [`AdaptiveAdmission`]);
 //! - a **deadline**: it never sleeps past it, and never starts an attempt that
-//!   cannot finish inside it;
+//!   cannot finish inside it; the time left travels downstream in
+//!   `Request-Timeout-Ms`, and inside a handler wrapped by
+//!   [`InheritDeadlineLayer`] every call inherits its caller's (see
+//!   "In a stack of services" below);
 //! - a **report** of what happened, in the response's extensions.
 //!
 //! ```toml
@@ -67,7 +70,29 @@
 //! combine without double submits; in the worst case one of our attempts is
 //! three on the wire. Turn reqwest's off with
 //! `ClientBuilder::retry(reqwest::retry::never())`
-//! if you want one layer to count every attempt.
+//! if you want one layer to count every attempt. Across services, the
+//! "do not retry" verdict below keeps the retries at the innermost one.
+//!
+//! # In a stack of services
+//!
+//! Each hop sends the time its caller still waits, and only the innermost
+//! hop retries:
+//!
+//! - every attempt carries `Request-Timeout-Ms: <ms left>`
+//!   ([`DEFAULT_DEADLINE_HEADER`]; `.deadline_header(name)` renames it,
+//!   `.no_deadline_header()` turns it off);
+//! - [`InheritDeadlineLayer`], a tower layer on the receiving service, runs
+//!   each handler inside an [`InheritedDeadline`]: the calls it makes with
+//!   this crate get `deadline = min(their own, the time left)`; a request
+//!   whose time is spent is answered `504` with `Stripe-Should-Retry:
+//!   false` without running the handler (work spawned onto another task
+//!   carries the scope explicitly, see [`InheritedDeadline`]);
+//! - when such a call gives up, the service answers its caller with
+//!   `Stripe-Should-Retry: false` ([`GiveUp`]; the layer adds it to an
+//!   answer a client would retry), and the caller does not retry.
+//!
+//! The layer lives here, not in a server crate, because it and the client
+//! share the task-local that carries the deadline.
 //!
 //! # Cargo features
 //!
@@ -92,12 +117,15 @@ mod builder;
 mod classify;
 mod engine;
 mod error;
+mod give_up;
 mod idempotency;
+mod inbound;
 mod keygen;
 mod metrics;
 mod middleware;
 mod options;
 mod policy;
+mod propagation;
 mod report;
 pub mod retry_after;
 mod runtime;
@@ -125,9 +153,12 @@ pub use classify::{
 };
 pub use engine::{retry, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
+pub use give_up::{GiveUp, DEFAULT_VERDICT_HEADER};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
+pub use inbound::{InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer};
 pub use middleware::RetryMiddleware;
 pub use options::RequestOptions;
 pub use policy::RetryPolicy;
+pub use propagation::{InheritedDeadline, DEFAULT_DEADLINE_HEADER};
 pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

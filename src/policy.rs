@@ -157,7 +157,8 @@ impl Default for RetryPolicy {
     /// 3 attempts; full jitter from 100 ms, ×2, capped at 10 s; a 30 s
     /// deadline; Retry-After honoured up to 60 s; adaptive retry admission
     /// ([`crate::AdaptiveConfig::default`]); Idempotency-Key (UUID v4, bare)
-    /// on POST and PATCH; `Stripe-Should-Retry` honoured.
+    /// on POST and PATCH; `Stripe-Should-Retry` honoured; the time left sent
+    /// downstream as `Request-Timeout-Ms`.
     fn default() -> Self {
         RetryPolicyBuilder::new()
             .build()

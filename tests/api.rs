@@ -72,3 +72,25 @@ fn stop_reasons_have_the_snake_case_names_of_the_contract() {
         );
     }
 }
+
+#[test]
+fn deadline_propagation_types_are_send_sync_and_debug() {
+    type Handler = tower::util::BoxCloneSyncService<
+        http::Request<String>,
+        http::Response<String>,
+        std::convert::Infallible,
+    >;
+    send_sync::<InheritedDeadline>();
+    send_sync::<InheritDeadlineLayer>();
+    send_sync::<InheritDeadline<Handler>>();
+    send_sync::<GiveUp>();
+    debug::<InheritedDeadline>();
+    debug::<InheritDeadlineLayer>();
+    debug::<InheritDeadline<Handler>>();
+    debug::<GiveUp>();
+    // The response future is Send when the inner one is: axum needs it.
+    fn send<T: Send>() {}
+    send::<InheritDeadlineFuture<<Handler as tower::Service<http::Request<String>>>::Future, String>>(
+    );
+    debug::<InheritDeadlineFuture<std::future::Ready<()>, String>>();
+}

@@ -5,7 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{Jitter, ManualClock, RequestOptions, RetryReport, StopReason};
+use reqwest_safe_retry::{
+    Jitter, ManualClock, RequestOptions, RetryPolicy, RetryReport, StopReason,
+};
 use support::{client, ms, policy};
 use wiremock::{MockServer, ResponseTemplate};
 
@@ -133,13 +135,43 @@ async fn the_time_left_and_attempt_number_can_be_sent_downstream() {
 }
 
 #[tokio::test]
-async fn neither_header_is_sent_by_default() {
+async fn by_default_the_time_left_is_sent_and_the_attempt_number_is_not() {
     let server = always_503().await;
     let clock = ManualClock::new();
-    let (c, recorder) = client(policy(&clock).build().unwrap());
+    let p = policy(&clock)
+        .backoff(ms(250), ms(250))
+        .jitter(Jitter::None)
+        .deadline(ms(1000))
+        .build()
+        .unwrap();
+    let (c, recorder) = client(p);
     c.get(server.uri()).send().await.unwrap();
+    // Every attempt, on the wire, with what was left when it was sent.
+    let received = server.received_requests().await.unwrap();
+    let left: Vec<_> = received
+        .iter()
+        .map(|r| r.headers["request-timeout-ms"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(left, ["1000", "750", "500"]);
     for sent in recorder.sent() {
-        assert_eq!(sent.headers.len(), 0, "{:?}", sent.headers);
+        assert_eq!(sent.headers.len(), 1, "{:?}", sent.headers);
+    }
+}
+
+#[tokio::test]
+async fn no_deadline_header_sends_none_and_no_deadline_has_none_to_send() {
+    let server = always_503().await;
+    for p in [
+        RetryPolicy::builder().no_deadline_header(),
+        RetryPolicy::builder().no_deadline(),
+    ] {
+        let clock = ManualClock::new();
+        let (c, recorder) = client(p.manual_clock(&clock).seed(7).build().unwrap());
+        c.get(server.uri()).send().await.unwrap();
+        assert_eq!(recorder.sent().len(), 3);
+        for sent in recorder.sent() {
+            assert_eq!(sent.headers.len(), 0, "{:?}", sent.headers);
+        }
     }
 }
 

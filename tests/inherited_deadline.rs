@@ -1,0 +1,186 @@
+//! Deadline propagation, outbound: a call made inside an inherited scope
+//! ends when the caller stops waiting, every attempt says how long that is,
+//! and the generic `retry` inherits the same way.
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{
+    retry, InheritedDeadline, Jitter, ManualClock, Outcome, RetryPolicy, RetryReport, StopReason,
+};
+use support::{client, ms, policy};
+use wiremock::ResponseTemplate;
+
+fn left_on_the_wire(received: &[wiremock::Request]) -> Vec<u64> {
+    received
+        .iter()
+        .map(|r| {
+            r.headers["request-timeout-ms"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_call_in_a_scope_ends_with_the_callers_time_and_says_so_on_every_attempt() {
+    let server = support::answering_with(ResponseTemplate::new(503)).await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .max_attempts(10)
+        .backoff(ms(250), ms(250))
+        .jitter(Jitter::None)
+        .deadline(Duration::from_secs(30))
+        .no_budget()
+        .build()
+        .unwrap();
+    let (c, recorder) = client(p);
+    let scope = InheritedDeadline::after(ms(600));
+    let response = scope
+        .clone()
+        .scope(async { c.get(server.uri()).send().await.unwrap() })
+        .await;
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    // 600 ms, not 30 s: after the second attempt a 250 ms sleep and the
+    // 100 ms attempt window no longer fit.
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    assert_eq!(report.attempts(), 2);
+    let left = left_on_the_wire(&server.received_requests().await.unwrap());
+    // Read once, on the real clock, when the call started: a little under
+    // 600 ms; then exactly one sleep less on the policy's clock.
+    assert!((550..=600).contains(&left[0]), "{left:?}");
+    assert_eq!(left[1], left[0] - 250, "{left:?}");
+    // Each attempt's timeout is bounded by the inherited time too.
+    let timeouts: Vec<_> = recorder
+        .timeouts()
+        .into_iter()
+        .map(Option::unwrap)
+        .collect();
+    assert!(
+        timeouts[0] <= ms(600) && timeouts[0] >= ms(left[0]),
+        "{timeouts:?}"
+    );
+    assert_eq!(timeouts[0] - timeouts[1], ms(250));
+    // The scope learned that the call gave up (the inbound layer reads it).
+    assert_eq!(scope.gave_up(), Some(StopReason::Deadline));
+}
+
+#[tokio::test]
+async fn a_shorter_deadline_of_the_calls_own_wins_and_outside_a_scope_nothing_changes() {
+    let server = support::answering_with(ResponseTemplate::new(200)).await;
+    let clock = ManualClock::new();
+    let (c, _) = client(policy(&clock).deadline(ms(300)).build().unwrap());
+    InheritedDeadline::after(Duration::from_secs(10))
+        .scope(async { c.get(server.uri()).send().await.unwrap() })
+        .await;
+    c.get(server.uri()).send().await.unwrap();
+    let left = left_on_the_wire(&server.received_requests().await.unwrap());
+    assert_eq!(left, [300, 300]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_generic_retry_inherits_the_deadline_too() {
+    // Tokio's paused clock: the policy's default clock and sleeper follow
+    // it, and the sleeps end at once.
+    let policy = RetryPolicy::builder()
+        .max_attempts(10)
+        .backoff(ms(250), ms(250))
+        .jitter(Jitter::None)
+        .attempt_timeout(Duration::from_secs(5))
+        .no_budget()
+        .build()
+        .unwrap();
+    let scope = InheritedDeadline::after(ms(600));
+    let (seen, report) = scope
+        .clone()
+        .scope(retry(&policy, |ctx| async move {
+            Outcome::transient((ctx.time_left(), ctx.timeout()))
+        }))
+        .await;
+    // 600, 350 and 100 ms left: a third sleep and attempt window (350 ms)
+    // no longer fit.
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    // The last attempt's view, its timeout bounded by the time left.
+    assert_eq!(seen, (Some(ms(100)), Some(ms(100))));
+    assert_eq!(scope.gave_up(), Some(StopReason::Deadline));
+    // Outside the scope: the policy's own 30 s.
+    let (seen, _) = retry(
+        &policy,
+        |ctx| async move { Outcome::success(ctx.time_left()) },
+    )
+    .await;
+    assert_eq!(seen, Some(Duration::from_secs(30)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawned_task_inherits_only_what_it_is_given() {
+    let policy = RetryPolicy::default();
+    let left = |policy: RetryPolicy| async move {
+        retry(
+            &policy,
+            |ctx| async move { Outcome::success(ctx.time_left()) },
+        )
+        .await
+        .0
+    };
+    InheritedDeadline::after(ms(800))
+        .scope(async {
+            let alone = tokio::spawn(left(policy.clone())).await.unwrap();
+            assert_eq!(alone, Some(Duration::from_secs(30)), "not inherited");
+            let scope = InheritedDeadline::current().unwrap();
+            let carried = tokio::spawn(scope.scope(left(policy.clone())))
+                .await
+                .unwrap();
+            assert_eq!(carried, Some(ms(800)));
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
+    let policy = RetryPolicy::default();
+    let scope = InheritedDeadline::after(ms(100));
+    let (seen, report) = scope
+        .scope(async {
+            tokio::time::sleep(ms(150)).await; // the handler's own work
+            retry(
+                &policy,
+                |ctx| async move { Outcome::transient(ctx.timeout()) },
+            )
+            .await
+        })
+        .await;
+    assert_eq!(seen, Some(Duration::ZERO));
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+}
+
+/// reqwest's zero timeout fires at its first poll, before or after the
+/// request leaves (both happen): when it does leave, it says 0 ms, and a
+/// receiving `InheritDeadlineLayer` does not run it.
+#[tokio::test]
+async fn an_http_call_that_starts_with_no_time_left_fails_at_once_as_a_timeout() {
+    // Slower than the zero timeout takes to fire (a tick of tokio's timer).
+    let server = support::answering_with(ResponseTemplate::new(200).set_delay(ms(500))).await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).build().unwrap());
+    let scope = InheritedDeadline::after(Duration::ZERO);
+    let (err, report) = scope
+        .scope(support::send_failing(c.get(server.uri())))
+        .await;
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    assert_eq!(recorder.timeouts(), [Some(Duration::ZERO)]);
+    assert_eq!(
+        recorder.header_values("request-timeout-ms"),
+        [Some("0".to_owned())]
+    );
+    for sent in server.received_requests().await.unwrap() {
+        assert_eq!(sent.headers["request-timeout-ms"], "0");
+    }
+}
