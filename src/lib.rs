@@ -83,14 +83,15 @@ pub use reqwest_middleware;
 
 pub use admission::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
-    NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+    NoAdmission, Partition, RetryAdmission, RetryKind, RetryRequest, TokenBucket,
+    TokenBucketConfig,
 };
 pub use backoff::{Backoff, Jitter};
 pub use builder::RetryPolicyBuilder;
 pub use classify::{
     classify_error, classify_status, Class, Classifier, DefaultClassifier, HttpAttempt,
 };
-pub use engine::{retry, AttemptContext, Outcome};
+pub use engine::{retry, retry_in, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub use metrics::{Metrics, MetricsSnapshot};

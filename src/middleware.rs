@@ -24,7 +24,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::admission::RetryKind;
+use crate::admission::{Partition, RetryKind};
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
 use crate::error::{KeyError, RetryError};
@@ -114,7 +114,11 @@ impl Middleware for RetryMiddleware {
         } else {
             tracing::Span::none()
         };
-        let mut run = Run::start(policy, limits);
+        // Admission is per host unless the request names its partition.
+        let partition = options
+            .and_then(|o| o.partition)
+            .unwrap_or_else(|| Partition::of_url(request.url()));
+        let mut run = Run::start(policy, limits, partition);
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
