@@ -468,11 +468,15 @@ impl<'p> Run<'p> {
     /// the sleep.
     fn decide(&mut self, verdict: Verdict, now: Instant) -> Step {
         let policy = self.policy;
+        let result = verdict.result();
         policy.admission.record(
             self.partition,
-            AttemptRecord::new(self.attempt, self.grant, verdict.result()),
+            AttemptRecord::new(self.attempt, self.grant, result),
             now,
         );
+        if let Some(breaker) = &policy.breaker {
+            breaker.record(self.partition, result != AttemptResult::Failure, now);
+        }
         if self.attempt == 1 && verdict != Verdict::Success {
             policy.metrics.first_attempt_failed();
         }

@@ -82,9 +82,9 @@ pub use reqwest;
 pub use reqwest_middleware;
 
 pub use admission::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
-    NoAdmission, Partition, RetryAdmission, RetryKind, RetryRequest, TokenBucket,
-    TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
+    CircuitBreakerConfig, Grant, GrantSource, NoAdmission, Partition, RetryAdmission, RetryKind,
+    RetryRequest, TokenBucket, TokenBucketConfig,
 };
 pub use backoff::{Backoff, Jitter};
 pub use builder::RetryPolicyBuilder;

@@ -33,6 +33,9 @@ pub enum StopReason {
     BodyNotCloneable,
     /// The server said not to retry (`Stripe-Should-Retry: false`).
     ServerSaidNo,
+    /// The circuit breaker refused the call: its host keeps failing, and
+    /// no attempt was made.
+    CircuitOpen,
 }
 
 impl StopReason {
@@ -48,6 +51,7 @@ impl StopReason {
             StopReason::NotIdempotent => "not_idempotent",
             StopReason::BodyNotCloneable => "body_not_cloneable",
             StopReason::ServerSaidNo => "server_said_no",
+            StopReason::CircuitOpen => "circuit_open",
         }
     }
 }

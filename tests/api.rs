@@ -63,6 +63,7 @@ fn stop_reasons_have_the_snake_case_names_of_the_contract() {
         (StopReason::NotIdempotent, "not_idempotent"),
         (StopReason::BodyNotCloneable, "body_not_cloneable"),
         (StopReason::ServerSaidNo, "server_said_no"),
+        (StopReason::CircuitOpen, "circuit_open"),
     ];
     for (reason, name) in names {
         assert_eq!(reason.as_str(), name);

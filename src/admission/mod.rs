@@ -74,10 +74,13 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 mod adaptive;
+mod breaker;
 mod partition;
 mod token_bucket;
 
 pub use adaptive::{AdaptiveAdmission, AdaptiveConfig};
+pub(crate) use breaker::CircuitBreaker;
+pub use breaker::CircuitBreakerConfig;
 pub use partition::Partition;
 pub use token_bucket::{TokenBucket, TokenBucketConfig};
 
