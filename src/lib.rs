@@ -11,9 +11,11 @@
 //! - **capped exponential backoff with jitter** (full by default; equal,
 //!   decorrelated, proportional);
 //! - **Retry-After** in seconds and as an HTTP-date, as a floor with jitter;
-//! - client-wide **retry admission**, so retries stay a small fraction of
-//!   traffic during an outage while a short blip still gets the retries it
-//!   needs (see [`AdaptiveAdmission`]);
+//! - **retry admission** shared by every clone of the client and kept per
+//!   host, so retries stay a small fraction of traffic during an outage
+//!   while a short blip still gets the retries it needs, and one dead host
+//!   never holds back another's (see [`AdaptiveAdmission`]); an opt-in
+//!   per-host circuit breaker;
 //! - a **deadline**: it never sleeps past it, and never starts an attempt that
 //!   cannot finish inside it;
 //! - a **report** of what happened, in the response's extensions.

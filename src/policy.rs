@@ -138,7 +138,7 @@ impl RetryPolicy {
         self.settings.deadline
     }
 
-    /// The client-wide retry admission, shared by every clone.
+    /// The retry admission, shared by every clone and kept per host.
     pub fn admission(&self) -> &Arc<dyn RetryAdmission> {
         &self.admission
     }

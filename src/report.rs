@@ -21,7 +21,8 @@ pub enum StopReason {
     AttemptsExhausted,
     /// Another attempt would not fit before the deadline.
     Deadline,
-    /// The client-wide retry budget had no token for another attempt.
+    /// Retry admission had no room for another attempt (the budget was
+    /// empty, or the retry waited as long as it may).
     BudgetExhausted,
     /// The server's Retry-After exceeds the configured maximum or the time
     /// left before the deadline.

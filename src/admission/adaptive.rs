@@ -3,6 +3,7 @@
 //! with slow start — each of these kept per host.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::partition::{Bounds, Partition, Partitions};
@@ -120,6 +121,10 @@ impl Default for AdaptiveConfig {
 pub struct AdaptiveAdmission {
     config: AdaptiveConfig,
     hosts: Partitions<Host>,
+    /// Hosts whose probe interval is backed off, at most (a host dropped
+    /// from the table is not subtracted): while none is, a first attempt's
+    /// success has nothing to reset and takes no lock.
+    backed_off: AtomicUsize,
 }
 
 /// When the next probe may go.
@@ -243,14 +248,6 @@ impl Host {
             self.deposits = 0;
         }
     }
-
-    fn probe_failed(&mut self, now: Instant, c: &AdaptiveConfig) {
-        self.probe_interval = self
-            .probe_interval
-            .saturating_mul(2)
-            .min(c.max_probe_interval);
-        self.next_probe = after(now, self.probe_interval);
-    }
 }
 
 impl AdaptiveAdmission {
@@ -326,8 +323,24 @@ impl AdaptiveAdmission {
                 max: config.max_partitions,
                 idle: config.partition_idle_expiry,
             }),
+            backed_off: AtomicUsize::new(0),
             config,
         })
+    }
+
+    /// Sets a host's probe interval, counting the hosts backed off.
+    fn set_probe_interval(&self, h: &mut Host, interval: Duration) {
+        let base = self.config.probe_interval;
+        match (h.probe_interval > base, interval > base) {
+            (false, true) => {
+                self.backed_off.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.backed_off.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        h.probe_interval = interval;
     }
 
     /// Runs `f` on a host's state, made fresh if the host has none.
@@ -463,19 +476,22 @@ impl RetryAdmission for AdaptiveAdmission {
                 h.settle_rate(now);
                 h.rate = (h.rate + c.release_step).min(c.max_release_rate);
                 h.evidence = Some(h.evidence.map_or(now, |e| e.max(now)));
-                h.probe_interval = c.probe_interval;
+                self.set_probe_interval(h, c.probe_interval);
                 if grant.is_probe() {
                     h.probe_in_flight = None;
                 }
             }),
             // The host answers again: probe at once rather than at the end
-            // of a backed-off interval.
-            (AttemptResult::Success, None) => self.host(partition, now, |h| {
-                if h.probe_interval > c.probe_interval {
-                    h.probe_interval = c.probe_interval;
-                    h.next_probe = Due::At(now);
-                }
-            }),
+            // of a backed-off interval. While no host is backed off (the
+            // usual case), a first attempt's success takes no lock.
+            (AttemptResult::Success, None) if self.backed_off.load(Ordering::Relaxed) > 0 => {
+                self.host(partition, now, |h| {
+                    if h.probe_interval > c.probe_interval {
+                        self.set_probe_interval(h, c.probe_interval);
+                        h.next_probe = Due::At(now);
+                    }
+                });
+            }
             (AttemptResult::Failure, Some(grant)) => self.host(partition, now, |h| {
                 // Collapse: each failed retry halves the release rate; below
                 // one retry per second only probes remain.
@@ -488,7 +504,9 @@ impl RetryAdmission for AdaptiveAdmission {
                 }
                 if grant.is_probe() {
                     h.probe_in_flight = None;
-                    h.probe_failed(now, c);
+                    let interval = h.probe_interval.saturating_mul(2).min(c.max_probe_interval);
+                    self.set_probe_interval(h, interval);
+                    h.next_probe = after(now, interval);
                 }
             }),
             (AttemptResult::Other, Some(grant)) if grant.is_probe() => {
@@ -496,5 +514,18 @@ impl RetryAdmission for AdaptiveAdmission {
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_costs_about_200_bytes() {
+        // Its state, its last use and its key in the table, and the table's
+        // control byte: what `max_partitions` documents.
+        let per_host = std::mem::size_of::<Host>() + 16 + 8 + 1;
+        assert!(per_host <= 200, "{per_host} bytes");
     }
 }

@@ -77,7 +77,7 @@ pub struct CircuitBreakerConfig {
     /// blip is never refused. Default 2 s.
     pub min_failing: Duration,
     /// The most hosts whose state is kept (rounded down to a multiple of
-    /// 16, and at least 16), about 250 bytes each. Default 10 000.
+    /// 16, and at least 16), about 300 bytes each. Default 10 000.
     pub max_partitions: usize,
     /// A host unused for this long is the first dropped when room is
     /// needed. Default 5 minutes.
@@ -374,6 +374,12 @@ mod tests {
         assert!(!(0..10).all(|_| b.allow(P, t0 + Duration::from_secs(10))));
         let other = Partition::named("other");
         assert!((0..100).all(|_| b.allow(other, t0 + Duration::from_secs(10))));
+    }
+
+    #[test]
+    fn a_host_costs_about_300_bytes() {
+        let per_host = std::mem::size_of::<Host>() + 16 + 8 + 1;
+        assert!(per_host <= 300, "{per_host} bytes");
     }
 
     #[test]

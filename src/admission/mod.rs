@@ -51,7 +51,8 @@
 //! of them fails. The default, [`AdaptiveAdmission`], makes such a retry
 //! *wait* instead (bounded by its deadline), sends probes at a floor rate
 //! while the failures continue, and releases the waiting retries at a rate
-//! that grows while retries succeed (slow start) and halves when they fail. First attempts are never held back.
+//! that grows while retries succeed (slow start) and halves when they
+//! fail. First attempts are never held back.
 //!
 //! # Why per host
 //!
@@ -66,9 +67,10 @@
 //!
 //! # Writing your own
 //!
-//! [`RetryAdmission`] is object-safe; a circuit breaker or hedged requests
-//! can share one instance with the retry loop through
-//! `RetryPolicyBuilder::shared_admission`.
+//! [`RetryAdmission`] is object-safe; hedged requests can share one
+//! instance with the retry loop through
+//! `RetryPolicyBuilder::shared_admission`. The circuit breaker is built in
+//! (`RetryPolicyBuilder::circuit_breaker`, [`CircuitBreakerConfig`]).
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -88,10 +90,10 @@ pub use token_bucket::{TokenBucket, TokenBucketConfig};
 ///
 /// Every call names the [`Partition`] (by default the host) it is made
 /// for; an implementation keeps its state per partition, or ignores it to
-/// decide for the whole client. The engine calls [`RetryAdmission::first_attempt`] when a logical
-/// operation starts, [`RetryAdmission::admit`] when a retry has slept its
-/// backoff and is about to be sent, and [`RetryAdmission::record`] after
-/// every attempt. Time comes from the policy's clock, so an implementation
+/// decide for the whole client. The engine calls
+/// [`RetryAdmission::first_attempt`] when a logical operation starts,
+/// [`RetryAdmission::admit`] when a retry has slept its backoff and is
+/// about to be sent, and [`RetryAdmission::record`] after every attempt. Time comes from the policy's clock, so an implementation
 /// is tested with a [`crate::ManualClock`] and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
