@@ -39,7 +39,9 @@ pub struct AdaptiveConfig {
     pub retry_cost: f64,
     /// The floor rate: with the bucket empty, one retry per this interval
     /// goes out as a probe, the first one this long after the bucket ran
-    /// dry. At most one probe per host is in flight. Default 250 ms.
+    /// dry. At most one probe per host is in flight (one whose caller never
+    /// reports back is presumed lost after `max_admission_wait`, or the
+    /// current probe interval if longer). Default 250 ms.
     pub probe_interval: Duration,
     /// Each failed probe doubles the interval (counted from its failure) up
     /// to this, so a long outage costs a handful of probes; a success to
@@ -107,7 +109,8 @@ impl Default for AdaptiveConfig {
 ///    doubles the interval (up to `max_probe_interval`);
 /// 4. otherwise it waits and asks again, up to `max_admission_wait` and its
 ///    deadline. Waiting retries are served in the order they started
-///    waiting.
+///    waiting (a retry holds its place from its second question, so to
+///    within a poll interval).
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as

@@ -58,7 +58,7 @@ impl Partition {
     /// A partition named by the caller: a route, a tenant, a pool.
     pub fn named(name: &str) -> Self {
         let mut h = keyed_hasher();
-        0xff_u8.hash(&mut h); // never equal to a URL's digest by construction
+        0xff_u8.hash(&mut h); // a URL's digest starts with its scheme instead
         name.hash(&mut h);
         Partition::from_digest(h.finish())
     }
