@@ -360,8 +360,6 @@ enum Asked {
 pub(crate) struct Run<'p> {
     policy: &'p RetryPolicy,
     limits: Limits,
-    /// The admission partition every decision is made for.
-    partition: Partition,
     started: Instant,
     deadline: Option<Instant>,
     attempt: u32,
@@ -384,7 +382,6 @@ impl<'p> Run<'p> {
         Run {
             policy,
             limits,
-            partition,
             started: now,
             // An instant too far to represent is no deadline at all.
             deadline: limits.deadline.and_then(|d| now.checked_add(d)),
@@ -393,7 +390,10 @@ impl<'p> Run<'p> {
             grant: None,
             by_hint: false,
             traced: false,
-            report: RetryReport::new(),
+            report: RetryReport {
+                partition,
+                ..RetryReport::new()
+            },
         }
     }
 
@@ -470,12 +470,12 @@ impl<'p> Run<'p> {
         let policy = self.policy;
         let result = verdict.result();
         policy.admission.record(
-            self.partition,
+            self.report.partition,
             AttemptRecord::new(self.attempt, self.grant, result),
             now,
         );
         if let Some(breaker) = &policy.breaker {
-            breaker.record(self.partition, result != AttemptResult::Failure, now);
+            breaker.record(self.report.partition, result != AttemptResult::Failure, now);
         }
         if self.attempt == 1 && verdict != Verdict::Success {
             policy.metrics.first_attempt_failed();
@@ -521,7 +521,7 @@ impl<'p> Run<'p> {
             }
         }
         // A strategy that fails fast fails before the sleep.
-        if !policy.admission.may_admit(self.partition, kind) {
+        if !policy.admission.may_admit(self.report.partition, kind) {
             policy.metrics.budget_rejected();
             return Step::Stop(StopReason::BudgetExhausted);
         }
@@ -579,7 +579,7 @@ impl<'p> Run<'p> {
             return Asked::Stop(StopReason::BudgetExhausted);
         }
         let request = RetryRequest::new(kind, waited);
-        match policy.admission.admit(self.partition, request, now) {
+        match policy.admission.admit(self.report.partition, request, now) {
             Admission::Admit(grant) => {
                 self.grant = Some(grant);
                 self.report.admission_wait += waited;

@@ -125,6 +125,7 @@ impl Middleware for RetryMiddleware {
                 let mut report = RetryReport::new();
                 report.attempts = 0;
                 report.stop_reason = StopReason::CircuitOpen;
+                report.partition = partition;
                 report.idempotency_key = key;
                 if let Some(slot) = extensions.get::<ReportSlot>() {
                     slot.fill(report.clone());

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::admission::Partition;
 use crate::idempotency::SharedKey;
 use crate::runtime::lock;
 
@@ -81,6 +82,7 @@ pub struct RetryReport {
     pub(crate) idempotency_key: Option<SharedKey>,
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
+    pub(crate) partition: Partition,
 }
 
 impl RetryReport {
@@ -93,7 +95,15 @@ impl RetryReport {
             idempotency_key: None,
             stop_reason: StopReason::Success,
             retry_after_honoured: 0,
+            partition: Partition::SINGLE,
         }
+    }
+
+    /// The admission partition (by default the host) every decision of the
+    /// operation was made for. Not serialized: a partition is a digest
+    /// seeded per process.
+    pub fn partition(&self) -> Partition {
+        self.partition
     }
 
     /// Time the retries spent waiting for admission (not included in

@@ -20,6 +20,8 @@ fn public_types_are_send_sync_and_debug() {
     send_sync::<ReportSlot>();
     send_sync::<RequestOptions>();
     send_sync::<ManualClock>();
+    send_sync::<Partition>();
+    send_sync::<CircuitBreakerConfig>();
     debug::<RetryMiddleware>();
     debug::<RetryPolicyBuilder>();
     debug::<RequestOptions>();
@@ -31,6 +33,8 @@ fn public_types_are_send_sync_and_debug() {
     debug::<Admission>();
     debug::<ReportSlot>();
     debug::<RetryPolicy>();
+    debug::<Partition>();
+    debug::<CircuitBreakerConfig>();
 }
 
 #[test]

@@ -204,6 +204,8 @@ async fn the_middleware_partitions_by_host_unless_the_request_names_one() {
     let r = client.get(dead.uri()).send().await.unwrap();
     assert!(report(&r).admission_wait() > Duration::ZERO);
     let r = client.get(flaky.uri()).send().await.unwrap();
+    let url: reqwest::Url = flaky.uri().parse().unwrap();
+    assert_eq!(report(&r).partition(), Partition::of_url(&url));
     assert_eq!(report(&r).attempts(), 2);
     assert_eq!(report(&r).admission_wait(), Duration::ZERO);
     // Named into the dead host's partition, the other host's retries wait
@@ -224,6 +226,7 @@ async fn the_middleware_partitions_by_host_unless_the_request_names_one() {
         .await
         .unwrap();
     assert!(report(&r).admission_wait() > Duration::ZERO);
+    assert_eq!(report(&r).partition(), shared);
 }
 
 #[test]
