@@ -405,12 +405,29 @@ impl RetryAdmission for AdaptiveAdmission {
             h.deposit(c);
             h.refill(now, c.poll_interval);
             h.prune_waiters(now, stale);
-            // An earlier waiter still asking goes first.
-            let first_in_line = h
-                .waiters
-                .first_key_value()
-                .is_none_or(|(&a, _)| a >= arrival);
-            let grant = if !first_in_line {
+            // The floor rate starts when the bucket runs dry.
+            let dry = h.tokens < c.retry_cost && h.allowance < 1.0;
+            if dry && h.next_probe == Due::Unarmed {
+                h.next_probe = after(now, h.probe_interval);
+            }
+            // A probe presumed lost (its caller dropped it before it
+            // reported) frees its place after the longest wait.
+            let lease = c.max_admission_wait.max(h.probe_interval);
+            let in_flight = h
+                .probe_in_flight
+                .is_some_and(|sent| now.saturating_duration_since(sent) < lease);
+            let probe_due = !in_flight && matches!(h.next_probe, Due::At(due) if now >= due);
+            // What could go now, and how many earlier waiters still asking
+            // are ahead: with `k` retries' worth available, the first `k`
+            // in line may go, so order holds to within one poll interval
+            // without a release waiting for one waiter's turn to ask.
+            // Casts saturate; only a count up to `available` matters.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let available = ((h.tokens / c.retry_cost).floor() as usize)
+                .saturating_add(h.allowance.floor() as usize)
+                .saturating_add(usize::from(probe_due));
+            let ahead = h.waiters.range(..arrival).take(available).count();
+            let grant = if ahead >= available {
                 None
             } else if h.tokens >= c.retry_cost {
                 h.tokens -= c.retry_cost;
@@ -419,24 +436,9 @@ impl RetryAdmission for AdaptiveAdmission {
                 h.allowance -= 1.0;
                 Some(Grant::new(GrantSource::Released, 0.0))
             } else {
-                // The floor rate starts when the bucket runs dry.
-                if h.next_probe == Due::Unarmed {
-                    h.next_probe = after(now, h.probe_interval);
-                }
-                // A probe presumed lost (its caller dropped it before it
-                // reported) frees its place after the longest wait.
-                let lease = c.max_admission_wait.max(h.probe_interval);
-                let in_flight = h
-                    .probe_in_flight
-                    .is_some_and(|sent| now.saturating_duration_since(sent) < lease);
-                match h.next_probe {
-                    Due::At(due) if now >= due && !in_flight => {
-                        h.probe_in_flight = Some(now);
-                        h.next_probe = after(now, h.probe_interval);
-                        Some(Grant::new(GrantSource::Probe, 0.0))
-                    }
-                    _ => None,
-                }
+                h.probe_in_flight = Some(now);
+                h.next_probe = after(now, h.probe_interval);
+                Some(Grant::new(GrantSource::Probe, 0.0))
             };
             if let Some(grant) = grant {
                 h.waiters.remove(&arrival);
