@@ -22,8 +22,8 @@ use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{
     retry, AdaptiveAdmission, AdaptiveConfig, Admission, Backoff, BoxFuture, IdempotencyKey,
-    Jitter, KeyGenerator, Outcome, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
-    RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
+    Jitter, KeyGenerator, Outcome, Partition, RetryAdmission, RetryKind, RetryMiddleware,
+    RetryPolicy, RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
 };
 use support::{block_on, without_deadline, Canned};
 
@@ -101,7 +101,7 @@ fn adaptive(capacity: f64) -> AdaptiveAdmission {
 const RETRY: RetryRequest = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
 
 fn admitted(a: &dyn RetryAdmission, now: Instant) -> bool {
-    matches!(a.admit(RETRY, now), Admission::Admit(_))
+    matches!(a.admit(Partition::SINGLE, RETRY, now), Admission::Admit(_))
 }
 
 fn budget(c: &mut Criterion) {
@@ -136,7 +136,7 @@ fn budget(c: &mut Criterion) {
             b.iter(|| black_box(admitted(empty.as_ref(), now)))
         });
         group.bench_function(BenchmarkId::new("first_attempt", name), |b| {
-            b.iter(|| full.first_attempt(now))
+            b.iter(|| full.first_attempt(Partition::SINGLE, now))
         });
     }
     group.finish();
@@ -156,7 +156,7 @@ fn contended(admission: &Arc<dyn RetryAdmission>, threads: usize, iters: u64) ->
                 barrier.wait();
                 for _ in 0..iters {
                     black_box(admitted(admission.as_ref(), now));
-                    admission.first_attempt(now);
+                    admission.first_attempt(Partition::SINGLE, now);
                 }
             });
         }

@@ -20,7 +20,8 @@ use std::time::Duration;
 use clap::Parser;
 use reqwest_middleware::ClientBuilder;
 use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
+    AdaptiveAdmission, AdaptiveConfig, Partition, ReportSlot, RequestOptions, RetryMiddleware,
+    RetryPolicy,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -138,7 +139,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         m.retries,
         m.final_failures,
         m.retry_after_honoured,
-        admission.tokens(),
+        admission.tokens(Partition::of_url(&base.parse()?)),
     );
     Ok(())
 }

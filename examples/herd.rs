@@ -15,7 +15,14 @@
 //!   no admission, the fail-fast token bucket and the default adaptive
 //!   admission (fresh, and warmed by 1000 successful calls).
 //!
+//! - `isolation` — real sockets, several hosts through one client: one host
+//!   is down for the whole run while the others fail one request in twenty;
+//!   the healthy hosts' success and latency against the same hosts alone,
+//!   and the dead host's load. Then the opt-in circuit breaker: a 30 s
+//!   outage, the 400-call blip and a quiet process.
+//!
 //! ```text
+//! cargo run --release --example herd -- isolation --hosts 2 --calls 300
 //! cargo run --release --example herd -- brooker --clients 10,20,30,40,50,60,70,80,90,100 --trials 100 --csv
 //! cargo run --release --example herd -- brooker            # table + SVG plots in bench-results/
 //! cargo run --release --example herd -- blip               # table, sparklines + SVG plot
@@ -54,6 +61,38 @@ enum Command {
     Brooker(BrookerArgs),
     /// A failure blip and an outage against a local HTTP server (real sockets).
     Blip(BlipArgs),
+    /// One dead host and healthy ones through one client (real sockets).
+    Isolation(IsolationArgs),
+}
+
+#[derive(Args, Debug)]
+struct IsolationArgs {
+    /// Hosts through the one client: one is down, the others are healthy.
+    #[arg(long, default_value_t = 2)]
+    hosts: usize,
+    /// Calls per host, evenly spread over `--spread-ms`.
+    #[arg(long, default_value_t = 300)]
+    calls: usize,
+    /// Calls to the host that is down (default: `--calls`); its load is
+    /// measured over these.
+    #[arg(long)]
+    dead_calls: Option<usize>,
+    /// The calls to each host start evenly spread over this, ms.
+    #[arg(long, default_value_t = 6000)]
+    spread_ms: u64,
+    /// A healthy host fails one request in this many (503).
+    #[arg(long, default_value_t = 20)]
+    fail_every: u32,
+    /// Circuit breaker outage: how long the host fails everything, ms; the
+    /// calls (100 per second) span it.
+    #[arg(long, default_value_t = 30_000)]
+    breaker_outage_ms: u64,
+    /// Skip the circuit breaker's scenarios.
+    #[arg(long)]
+    no_breaker: bool,
+    /// Seed of the policies' random sources.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +223,7 @@ fn main() {
     let result = match cli.command {
         Command::Brooker(args) => brooker::main(&args),
         Command::Blip(args) => blip::main(&args),
+        Command::Isolation(args) => isolation::main(&args),
     };
     if let Err(e) = result {
         eprintln!("herd: {e}");
@@ -461,7 +501,7 @@ mod blip {
     /// Buckets recorded: 60 s of traffic; later arrivals land in the last.
     const BUCKETS: usize = 1200;
 
-    struct Server {
+    pub(super) struct Server {
         t0: Instant,
         fail_for: Duration,
         capacity: u32,
@@ -478,6 +518,114 @@ mod blip {
             let i = (elapsed.as_millis() / BUCKET.as_millis()) as usize;
             (elapsed, i.min(BUCKETS - 1))
         }
+    }
+
+    /// A host of a multi-host run: it fails everything for `fail_for`, then
+    /// one request in `fail_every`.
+    pub(super) fn host(fail_for: Duration, fail_every: Option<u32>) -> Arc<Server> {
+        Arc::new(Server {
+            t0: Instant::now(),
+            fail_for,
+            capacity: u32::MAX,
+            fail_every,
+            served: AtomicU32::new(0),
+            arrivals: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+            admitted: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
+        })
+    }
+
+    /// One host's calls in a multi-host run.
+    pub(super) struct HostCalls {
+        /// Calls made.
+        pub(super) calls: usize,
+        /// Calls that got a 2xx.
+        pub(super) succeeded: usize,
+        /// Every call's latency.
+        pub(super) latencies: Vec<Duration>,
+        /// The latencies of the calls the circuit breaker refused.
+        pub(super) refused: Vec<Duration>,
+        /// The longest admission wait of a call.
+        pub(super) max_admission_wait: Duration,
+        /// Requests the host saw, per 50 ms bucket.
+        pub(super) arrivals: Vec<u32>,
+    }
+
+    /// Runs `hosts` at once through one client and `policy`: each host is
+    /// its own server on its own port (so its own partition) and gets
+    /// `calls` calls evenly spread over `spread`.
+    pub(super) async fn run_hosts(
+        hosts: &[(Arc<Server>, usize)],
+        spread: Duration,
+        policy: RetryPolicy,
+    ) -> AnyResult<Vec<HostCalls>> {
+        let mut urls = Vec::new();
+        let mut serving = Vec::new();
+        for (server, _) in hosts {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            urls.push(format!("http://{}/row", listener.local_addr()?));
+            let app = Router::new()
+                .route("/row", get(handle))
+                .with_state(server.clone());
+            serving.push(tokio::spawn(
+                async move { axum::serve(listener, app).await },
+            ));
+        }
+        let client = ClientBuilder::new(reqwest::Client::builder().build()?)
+            .with(RetryMiddleware::new(policy))
+            .build();
+        let t0 = Instant::now();
+        let mut tasks = Vec::new();
+        for (h, (url, &(_, calls))) in urls.iter().zip(hosts).enumerate() {
+            let step = spread / u32::try_from(calls.max(1)).unwrap_or(u32::MAX);
+            for i in 0..calls {
+                let client = client.clone();
+                let url = url.clone();
+                let start_at = t0 + step * u32::try_from(i).unwrap_or(u32::MAX);
+                tasks.push(tokio::spawn(async move {
+                    tokio::time::sleep_until(start_at.into()).await;
+                    let started = Instant::now();
+                    let slot = ReportSlot::new();
+                    let result = client.get(&url).with_extension(slot.clone()).send().await;
+                    let latency = started.elapsed();
+                    let ok = matches!(&result, Ok(r) if r.status().is_success());
+                    (h, ok, slot.take(), latency)
+                }));
+            }
+        }
+        let mut out: Vec<HostCalls> = hosts
+            .iter()
+            .map(|&(_, calls)| HostCalls {
+                calls,
+                succeeded: 0,
+                latencies: Vec::with_capacity(calls),
+                refused: Vec::new(),
+                max_admission_wait: Duration::ZERO,
+                arrivals: Vec::new(),
+            })
+            .collect();
+        for task in tasks {
+            let (h, ok, report, latency) = task.await?;
+            let o = &mut out[h];
+            o.latencies.push(latency);
+            o.succeeded += usize::from(ok);
+            if let Some(r) = report {
+                o.max_admission_wait = o.max_admission_wait.max(r.admission_wait());
+                if r.stop_reason().as_str() == "circuit_open" {
+                    o.refused.push(latency);
+                }
+            }
+        }
+        for (o, (server, _)) in out.iter_mut().zip(hosts) {
+            o.arrivals = server
+                .arrivals
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .collect();
+        }
+        for s in serving {
+            s.abort();
+        }
+        Ok(out)
     }
 
     async fn handle(State(server): State<Arc<Server>>) -> (StatusCode, &'static str) {
@@ -994,6 +1142,195 @@ mod blip {
             .map(|(k, v)| format!("{k} {v}"))
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+mod isolation {
+    //! Several hosts through one client: per-host admission keeps a dead
+    //! host from taking the healthy ones down; the circuit breaker spares
+    //! the dead host its first attempts too.
+
+    use super::blip::{host, run_hosts, HostCalls, Scenario, BUCKET};
+    use super::*;
+
+    /// A host that is down for longer than any run.
+    const DOWN: Duration = Duration::from_secs(3_600);
+
+    fn percentile(v: &[Duration], p: f64) -> Duration {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+        v[rank - 1]
+    }
+
+    fn ms(d: Duration) -> String {
+        format!("{:.0}", d.as_secs_f64() * 1e3)
+    }
+
+    /// The healthy hosts' figures, merged: (succeeded, calls, p50, p99,
+    /// longest admission wait).
+    fn healthy(rows: &[HostCalls]) -> (usize, usize, Duration, Duration, Duration) {
+        let latencies: Vec<Duration> = rows.iter().flat_map(|r| r.latencies.clone()).collect();
+        (
+            rows.iter().map(|r| r.succeeded).sum(),
+            rows.iter().map(|r| r.calls).sum(),
+            percentile(&latencies, 0.50),
+            percentile(&latencies, 0.99),
+            rows.iter()
+                .map(|r| r.max_admission_wait)
+                .max()
+                .unwrap_or_default(),
+        )
+    }
+
+    fn load(row: &HostCalls) -> f64 {
+        let seen: u64 = row.arrivals.iter().map(|&a| u64::from(a)).sum();
+        seen as f64 / row.calls.max(1) as f64
+    }
+
+    pub(super) fn main(args: &IsolationArgs) -> AnyResult<()> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(run_all(args))
+    }
+
+    async fn run_all(args: &IsolationArgs) -> AnyResult<()> {
+        let spread = Duration::from_millis(args.spread_ms);
+        let flaky = || (host(Duration::ZERO, Some(args.fail_every)), args.calls);
+        let dead_calls = args.dead_calls.unwrap_or(args.calls);
+        let healthy_hosts = args.hosts.saturating_sub(1).max(1);
+        println!(
+            "Isolation: one client, RetryPolicy::default() (3 attempts, 100 ms..10 s, \
+             deadline 30 s, adaptive admission), {} call(s) per healthy host evenly over \
+             {} ms. {} healthy host(s) fail one request in {}; with them, one host is down \
+             (503 to everything) for the whole run and gets {} call(s). Seed {}.\n",
+            args.calls, args.spread_ms, healthy_hosts, args.fail_every, dead_calls, args.seed
+        );
+        let alone_hosts: Vec<_> = (0..healthy_hosts).map(|_| flaky()).collect();
+        let alone = run_hosts(
+            &alone_hosts,
+            spread,
+            RetryPolicy::builder().seed(args.seed).build()?,
+        )
+        .await?;
+        let mut with_dead: Vec<_> = vec![(host(DOWN, None), dead_calls)];
+        with_dead.extend((0..healthy_hosts).map(|_| flaky()));
+        let rows = run_hosts(
+            &with_dead,
+            spread,
+            RetryPolicy::builder().seed(args.seed).build()?,
+        )
+        .await?;
+        let (dead, rest) = rows.split_at(1);
+        println!(
+            "| | healthy calls that succeed | healthy p50 (ms) | healthy p99 (ms) | \
+             longest admission wait (ms) | dead host's load (arrivals / calls) |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|");
+        for (label, healthy_rows, dead) in [
+            ("healthy hosts alone", &alone[..], None),
+            ("while one host is down", rest, Some(&dead[0])),
+        ] {
+            let (ok, calls, p50, p99, wait) = healthy(healthy_rows);
+            println!(
+                "| {label} | {ok}/{calls} | {} | {} | {} | {} |",
+                ms(p50),
+                ms(p99),
+                ms(wait),
+                dead.map_or("–".to_owned(), |d| format!("{:.2}×", load(d)))
+            );
+        }
+        if !args.no_breaker {
+            breaker(args).await?;
+        }
+        Ok(())
+    }
+
+    /// The default policy with the circuit breaker on.
+    fn with_breaker(seed: u64) -> AnyResult<RetryPolicy> {
+        Ok(RetryPolicy::builder()
+            .seed(seed)
+            .circuit_breaker(reqwest_safe_retry::CircuitBreakerConfig::default())
+            .build()?)
+    }
+
+    /// The circuit breaker: a long outage, the blip, a quiet process.
+    async fn breaker(args: &IsolationArgs) -> AnyResult<()> {
+        let outage = Duration::from_millis(args.breaker_outage_ms);
+        let calls = usize::try_from(args.breaker_outage_ms / 10).unwrap_or(usize::MAX);
+        println!(
+            "\nCircuit breaker (CircuitBreakerConfig::default(): K = 2, 10 s window, \
+             20 requests, 2 s of failures), RetryPolicy::default() otherwise. Outage: \
+             {calls} calls, 100 per second, to a host that fails everything for {} ms; \
+             blip: 400 calls at once, the host fails everything for 1 s then serves 50 per \
+             50 ms; quiet: 60 calls, one per second, one request in three fails.\n",
+            args.breaker_outage_ms
+        );
+        println!(
+            "| scenario | breaker | succeeded | load: outage, after its first 2 s (arrivals / \
+             offered); blip, quiet: whole run | \
+             refused locally | refused call latency p99 / max (ms) |"
+        );
+        println!("|---|---|---:|---:|---:|---:|");
+        for on in [false, true] {
+            let policy = if on {
+                with_breaker(args.seed)?
+            } else {
+                RetryPolicy::builder().seed(args.seed).build()?
+            };
+            let rows = run_hosts(&[(host(outage, None), calls)], outage, policy).await?;
+            let row = &rows[0];
+            // Offered after the first 2 s: the calls that start then.
+            let first = (Duration::from_secs(2).as_millis() / BUCKET.as_millis()) as usize;
+            // 100 calls per second: 200 start in the first 2 s.
+            let offered_after = calls.saturating_sub(200);
+            let seen_after: u64 = row.arrivals[first..].iter().map(|&a| u64::from(a)).sum();
+            println!(
+                "| outage {} s | {} | {}/{} | {:.2}× | {} | {} / {} |",
+                args.breaker_outage_ms / 1000,
+                if on { "on" } else { "off" },
+                row.succeeded,
+                row.calls,
+                seen_after as f64 / offered_after.max(1) as f64,
+                row.refused.len(),
+                ms(percentile(&row.refused, 0.99)),
+                ms(row.refused.iter().copied().max().unwrap_or_default()),
+            );
+        }
+        let blip = Scenario {
+            ops: 400,
+            fail_for: Duration::from_secs(1),
+            capacity: 50,
+            spread: Duration::ZERO,
+            fail_every: None,
+        };
+        let quiet = Scenario {
+            ops: 60,
+            fail_for: Duration::ZERO,
+            capacity: u32::MAX,
+            spread: Duration::from_secs(60),
+            fail_every: Some(3),
+        };
+        let (b, q) = tokio::join!(
+            blip::run("blip", &blip, with_breaker(args.seed)?),
+            blip::run("quiet", &quiet, with_breaker(args.seed + 1)?),
+        );
+        for o in [b?, q?] {
+            let refused = o.stop_reasons.get("circuit_open").copied().unwrap_or(0);
+            println!(
+                "| {} | on | {}/{} | {:.2}× | {} | – |",
+                o.label,
+                o.succeeded,
+                o.ops,
+                o.amplification(),
+                refused
+            );
+        }
+        Ok(())
     }
 }
 

@@ -9,7 +9,8 @@ use rand::rngs::{SmallRng, StdRng};
 use rand::{RngCore, SeedableRng};
 
 use crate::admission::{
-    AdaptiveAdmission, AdaptiveConfig, NoAdmission, RetryAdmission, TokenBucket, TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, CircuitBreaker, CircuitBreakerConfig, NoAdmission,
+    RetryAdmission, TokenBucket, TokenBucketConfig,
 };
 use crate::backoff::{Backoff, Jitter};
 use crate::classify::Classifier;
@@ -52,6 +53,7 @@ pub struct RetryPolicyBuilder {
     attempt_header: Result<Option<HeaderName>, ConfigError>,
     throttle_backoff: Option<(Duration, Duration)>,
     admission: AdmissionChoice,
+    circuit_breaker: Option<CircuitBreakerConfig>,
     rng: Option<Rng>,
     sleeper: Arc<dyn Sleeper>,
     clock: Arc<dyn Clock>,
@@ -85,6 +87,7 @@ impl RetryPolicyBuilder {
             attempt_header: Ok(None),
             throttle_backoff: None,
             admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
+            circuit_breaker: None,
             rng: None,
             sleeper: Arc::new(TokioSleeper),
             clock: Arc::new(SystemClock),
@@ -261,6 +264,21 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Turn on the circuit breaker, per host: while a host keeps failing,
+    /// first attempts to it too are refused locally and at once, with
+    /// [`crate::StopReason::CircuitOpen`] (no attempt is made). Google SRE's
+    /// client-side adaptive throttling: a call is refused with probability
+    /// `max(0, (requests − K·accepts) / (requests + 1))` over a sliding
+    /// window, and never while the window is quiet or the failures are
+    /// younger than a blip (see [`CircuitBreakerConfig`]). It guards calls
+    /// made through the middleware; the generic [`crate::retry`] has no
+    /// value to return without an attempt, so it only feeds the breaker.
+    /// Default: off.
+    pub fn circuit_breaker(mut self, config: CircuitBreakerConfig) -> Self {
+        self.circuit_breaker = Some(config);
+        self
+    }
+
     /// Seed the random source, for reproducible delays. Never use the same
     /// seed on many clients in production: identical seeds recreate
     /// synchronized retries. Default: seeded from the OS.
@@ -350,6 +368,10 @@ impl RetryPolicyBuilder {
             AdmissionChoice::Shared(shared) => shared,
             AdmissionChoice::None => Arc::new(NoAdmission),
         };
+        let breaker = match self.circuit_breaker {
+            Some(config) => Some(Arc::new(CircuitBreaker::new(config, self.clock.now())?)),
+            None => None,
+        };
         let settings = Settings {
             max_attempts: self.max_attempts,
             backoff,
@@ -373,6 +395,7 @@ impl RetryPolicyBuilder {
         Ok(RetryPolicy {
             settings: Arc::new(settings),
             admission,
+            breaker,
             rng: Arc::new(Mutex::new(rng)),
             sleeper: self.sleeper,
             clock: self.clock,
@@ -391,6 +414,7 @@ impl fmt::Debug for RetryPolicyBuilder {
             .field("jitter", &self.jitter)
             .field("deadline", &self.deadline)
             .field("admission", &self.admission)
+            .field("circuit_breaker", &self.circuit_breaker)
             .finish_non_exhaustive()
     }
 }

@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
-use crate::admission::{Admission, AttemptRecord, AttemptResult, Grant, RetryKind, RetryRequest};
+use crate::admission::{
+    Admission, AttemptRecord, AttemptResult, Grant, Partition, RetryKind, RetryRequest,
+};
 use crate::policy::RetryPolicy;
 use crate::report::{RetryReport, StopReason};
 use crate::retry_after;
@@ -202,13 +204,42 @@ impl AttemptContext {
 /// and returns the last value with the [`RetryReport`].
 ///
 /// Each call is one logical operation: it starts from the initial delay and
-/// counts once as a first attempt for the policy's admission.
+/// counts once as a first attempt for the policy's admission, in its one
+/// [`Partition::SINGLE`]; [`retry_in`] names another partition.
 pub async fn retry<T, F, Fut>(policy: &RetryPolicy, op: F) -> (T, RetryReport)
 where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let mut run = Run::start(policy, Limits::from(policy));
+    retry_in(policy, Partition::SINGLE, op).await
+}
+
+/// [`retry`], with admission decided for `partition`: the host (or the
+/// database, the shard, the tenant) the operation calls, so that one
+/// failing target neither holds back nor releases another's retries.
+///
+/// ```
+/// use reqwest_safe_retry::{retry_in, ManualClock, Outcome, Partition, RetryPolicy};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let clock = ManualClock::new();
+/// let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
+/// let replica = Partition::named("db-replica-2");
+/// let (value, report) = retry_in(&policy, replica, |_| async { Outcome::success(Ok::<_, ()>(7)) }).await;
+/// assert_eq!(value, Ok(7));
+/// assert_eq!(report.attempts(), 1);
+/// # });
+/// ```
+pub async fn retry_in<T, F, Fut>(
+    policy: &RetryPolicy,
+    partition: Partition,
+    op: F,
+) -> (T, RetryReport)
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    let mut run = Run::start(policy, Limits::from(policy), partition);
     let span = operation_span();
     run.traced = !span.is_disabled();
     run.drive(&mut Closure(op)).instrument(span).await
@@ -316,6 +347,15 @@ pub(crate) enum Step {
     Stop(StopReason),
 }
 
+/// What one question to admission came to.
+enum Asked {
+    /// Send the retry now.
+    Admitted(Instant),
+    /// Sleep this long and ask again.
+    Wait(Duration),
+    Stop(StopReason),
+}
+
 /// The state of one logical operation.
 pub(crate) struct Run<'p> {
     policy: &'p RetryPolicy,
@@ -335,12 +375,12 @@ pub(crate) struct Run<'p> {
 }
 
 impl<'p> Run<'p> {
-    pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits) -> Self {
+    pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits, partition: Partition) -> Self {
         let now = policy.clock.now();
         // A call made while serving a request ends when its caller stops waiting.
         let limits = crate::propagation::bound(limits);
         policy.metrics.call_started();
-        policy.admission.first_attempt(now);
+        policy.admission.first_attempt(partition, now);
         Run {
             policy,
             limits,
@@ -352,7 +392,10 @@ impl<'p> Run<'p> {
             grant: None,
             by_hint: false,
             traced: false,
-            report: RetryReport::new(),
+            report: RetryReport {
+                partition,
+                ..RetryReport::new()
+            },
         }
     }
 
@@ -427,10 +470,15 @@ impl<'p> Run<'p> {
     /// the sleep.
     fn decide(&mut self, verdict: Verdict, now: Instant) -> Step {
         let policy = self.policy;
+        let result = verdict.result();
         policy.admission.record(
-            AttemptRecord::new(self.attempt, self.grant, verdict.result()),
+            self.report.partition,
+            AttemptRecord::new(self.attempt, self.grant, result),
             now,
         );
+        if let Some(breaker) = &policy.breaker {
+            breaker.record(self.report.partition, result != AttemptResult::Failure, now);
+        }
         if self.attempt == 1 && verdict != Verdict::Success {
             policy.metrics.first_attempt_failed();
         }
@@ -475,7 +523,7 @@ impl<'p> Run<'p> {
             }
         }
         // A strategy that fails fast fails before the sleep.
-        if !policy.admission.may_admit(kind) {
+        if !policy.admission.may_admit(self.report.partition, kind) {
             policy.metrics.budget_rejected();
             return Step::Stop(StopReason::BudgetExhausted);
         }
@@ -490,47 +538,81 @@ impl<'p> Run<'p> {
     }
 
     /// Waits for admission, bounded by the deadline: `Ok` with the time it
-    /// was admitted once the retry may be sent, or the reason to stop. A retry still waiting when no
-    /// attempt window is left ends with `budget_exhausted`: admission, not
-    /// the deadline, is why it was not sent.
+    /// was admitted once the retry may be sent, or the reason to stop.
+    ///
+    /// The deadline is checked again before every question: a sleeper that
+    /// woke late (the backoff's or admission's) must not start an attempt
+    /// without its window. Woken late from the backoff, the operation ends
+    /// with `deadline`; still waiting for admission when no window is left,
+    /// with `budget_exhausted`: admission, not the deadline, is why it was
+    /// not sent. The wait admission sees, and the report's, is the time
+    /// elapsed, not the sum of the waits asked for.
     async fn admit(&mut self, kind: RetryKind) -> Result<Instant, StopReason> {
-        let policy = self.policy;
-        let window = policy.settings.min_attempt_window;
-        let mut waited = Duration::ZERO;
+        let first_ask = self.policy.clock.now();
         loop {
-            let now = policy.clock.now();
-            match policy.admission.admit(RetryRequest::new(kind, waited), now) {
-                Admission::Admit(grant) => {
-                    self.grant = Some(grant);
-                    policy.metrics.admitted(grant.is_probe());
-                    policy.metrics.retried(self.by_hint);
-                    if self.by_hint {
-                        self.report.retry_after_honoured += 1;
-                    }
-                    return Ok(now);
+            // Decided in a plain function: only what the sleep needs is
+            // kept across it, so the future stays small.
+            match self.ask(kind, first_ask) {
+                Asked::Admitted(now) => return Ok(now),
+                Asked::Wait(wait) => self.policy.sleeper.sleep(wait).await,
+                Asked::Stop(reason) => {
+                    let now = self.policy.clock.now();
+                    self.report.admission_wait += now.saturating_duration_since(first_ask);
+                    return Err(reason);
                 }
-                Admission::Wait(wait) => {
-                    if waited.is_zero() {
-                        policy.metrics.waited();
-                    }
-                    // The last look happens when exactly one attempt window
-                    // is left.
-                    let wait = match self.time_left(now) {
-                        Some(left) => wait.min(left.saturating_sub(window)),
-                        None => wait,
-                    };
-                    if wait.is_zero() {
-                        break;
-                    }
-                    policy.sleeper.sleep(wait).await;
-                    waited += wait;
-                    self.report.admission_wait += wait;
-                }
-                _ => break,
             }
         }
-        policy.metrics.budget_rejected();
-        Err(StopReason::BudgetExhausted)
+    }
+
+    /// One question to admission, `first_ask` being when the retry first
+    /// asked.
+    fn ask(&mut self, kind: RetryKind, first_ask: Instant) -> Asked {
+        let policy = self.policy;
+        let window = policy.settings.min_attempt_window;
+        let now = policy.clock.now();
+        let waited = now.saturating_duration_since(first_ask);
+        let left = self.time_left(now);
+        if left.is_some_and(|left| left < window) {
+            if waited.is_zero() {
+                policy.metrics.deadline_gave_up();
+                return Asked::Stop(StopReason::Deadline);
+            }
+            policy.metrics.budget_rejected();
+            return Asked::Stop(StopReason::BudgetExhausted);
+        }
+        let request = RetryRequest::new(kind, waited);
+        match policy.admission.admit(self.report.partition, request, now) {
+            Admission::Admit(grant) => {
+                self.grant = Some(grant);
+                self.report.admission_wait += waited;
+                policy.metrics.admitted(grant.is_probe());
+                policy.metrics.retried(self.by_hint);
+                if self.by_hint {
+                    self.report.retry_after_honoured += 1;
+                }
+                Asked::Admitted(now)
+            }
+            Admission::Wait(wait) => {
+                if waited.is_zero() {
+                    policy.metrics.waited();
+                }
+                // The last look happens when exactly one attempt window is
+                // left.
+                let wait = match left {
+                    Some(left) => wait.min(left.saturating_sub(window)),
+                    None => wait,
+                };
+                if wait.is_zero() {
+                    policy.metrics.budget_rejected();
+                    return Asked::Stop(StopReason::BudgetExhausted);
+                }
+                Asked::Wait(wait)
+            }
+            _ => {
+                policy.metrics.budget_rejected();
+                Asked::Stop(StopReason::BudgetExhausted)
+            }
+        }
     }
 
     /// Ends the operation at `now`: the report, the span's fields, the

@@ -91,8 +91,21 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
+/// The circuit breaker refused a call: its host keeps failing.
+#[derive(Debug)]
+pub(crate) struct CircuitOpen;
+
+impl fmt::Display for CircuitOpen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("circuit open: the host keeps failing, the call was not sent")
+    }
+}
+
+impl std::error::Error for CircuitOpen {}
+
 /// The error a caller gets when the request was refused before anything was
-/// sent (an idempotency key that cannot be sent).
+/// sent (an idempotency key that cannot be sent, or a circuit breaker that
+/// is open).
 ///
 /// It carries the [`RetryReport`]; [`std::error::Error::source`] is the
 /// underlying error. The middleware returns it inside

@@ -11,9 +11,11 @@
 //! - **capped exponential backoff with jitter** (full by default; equal,
 //!   decorrelated, proportional);
 //! - **Retry-After** in seconds and as an HTTP-date, as a floor with jitter;
-//! - client-wide **retry admission**, so retries stay a small fraction of
-//!   traffic during an outage while a short blip still gets the retries it
-//!   needs (see [`AdaptiveAdmission`]);
+//! - **retry admission** shared by every clone of the client and kept per
+//!   host, so retries stay a small fraction of traffic during an outage
+//!   while a short blip still gets the retries it needs, and one dead host
+//!   never holds back another's (see [`AdaptiveAdmission`]); an opt-in
+//!   per-host circuit breaker;
 //! - a **deadline**: it never sleeps past it, and never starts an attempt that
 //!   cannot finish inside it; the time left travels downstream in
 //!   `Request-Timeout-Ms`, and inside a handler wrapped by
@@ -143,15 +145,16 @@ pub use reqwest_middleware;
 pub use crate::metrics::{describe_metrics, names as metric_names};
 pub use crate::metrics::{Metrics, MetricsSnapshot};
 pub use admission::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
-    NoAdmission, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
+    CircuitBreakerConfig, Grant, GrantSource, NoAdmission, Partition, RetryAdmission, RetryKind,
+    RetryRequest, TokenBucket, TokenBucketConfig,
 };
 pub use backoff::{Backoff, Jitter};
 pub use builder::RetryPolicyBuilder;
 pub use classify::{
     classify_error, classify_status, Class, Classifier, DefaultClassifier, HttpAttempt,
 };
-pub use engine::{retry, AttemptContext, Outcome};
+pub use engine::{retry, retry_in, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use give_up::{GiveUp, DEFAULT_VERDICT_HEADER};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};

@@ -134,6 +134,7 @@ pub struct Metrics {
     admissions: AtomicU64,
     probes: AtomicU64,
     waits: AtomicU64,
+    circuit_rejections: AtomicU64,
     attempts: [AtomicU64; BUCKETS],
 }
 
@@ -158,6 +159,9 @@ pub struct MetricsSnapshot {
     pub probes: u64,
     /// Retries that had to wait for admission (admitted or not).
     pub waits: u64,
+    /// Calls the circuit breaker refused without an attempt (counted in
+    /// `calls` and `final_failures` too, not in `attempts_per_call`).
+    pub circuit_rejections: u64,
     /// Delays set by a server's Retry-After.
     pub retry_after_honoured: u64,
     /// Calls given up because another attempt would not fit the deadline
@@ -212,6 +216,12 @@ impl Metrics {
         publish!(DEADLINE_GIVE_UPS);
     }
 
+    pub(crate) fn circuit_refused(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.final_failures.fetch_add(1, Ordering::Relaxed);
+        self.circuit_rejections.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub(crate) fn call_finished(&self, attempts: u32, success: bool) {
         if !success {
             self.final_failures.fetch_add(1, Ordering::Relaxed);
@@ -237,6 +247,7 @@ impl Metrics {
             admissions: get(&self.admissions),
             probes: get(&self.probes),
             waits: get(&self.waits),
+            circuit_rejections: get(&self.circuit_rejections),
             attempts_per_call: self.attempts.iter().map(get).collect(),
         }
     }

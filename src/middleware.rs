@@ -24,10 +24,10 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::admission::RetryKind;
+use crate::admission::{Partition, RetryKind};
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
-use crate::error::{KeyError, RetryError};
+use crate::error::{CircuitOpen, KeyError, RetryError};
 use crate::idempotency::{IdempotencyKey, SharedKey};
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
@@ -114,7 +114,26 @@ impl Middleware for RetryMiddleware {
         } else {
             tracing::Span::none()
         };
-        let mut run = Run::start(policy, limits);
+        // Admission is per host unless the request names its partition.
+        let partition = options
+            .and_then(|o| o.partition)
+            .unwrap_or_else(|| Partition::of_url(request.url()));
+        if let Some(breaker) = &policy.breaker {
+            if !breaker.allow(partition, policy.clock.now()) {
+                // Refused locally and at once: no attempt, no retry.
+                policy.metrics.circuit_refused();
+                let mut report = RetryReport::new();
+                report.attempts = 0;
+                report.stop_reason = StopReason::CircuitOpen;
+                report.partition = partition;
+                report.idempotency_key = key;
+                if let Some(slot) = extensions.get::<ReportSlot>() {
+                    slot.fill(report.clone());
+                }
+                return Box::pin(std::future::ready(Err(refused(report, CircuitOpen))));
+            }
+        }
+        let mut run = Run::start(policy, limits, partition);
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
@@ -363,7 +382,10 @@ fn stamp_headers(policy: &RetryPolicy, request: &mut Request, ctx: &AttemptConte
 }
 
 /// The error for a request refused before anything was sent.
-fn refused(report: RetryReport, error: KeyError) -> reqwest_middleware::Error {
+fn refused(
+    report: RetryReport,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> reqwest_middleware::Error {
     reqwest_middleware::Error::Middleware(anyhow::Error::new(RetryError::new(
         report,
         reqwest_middleware::Error::middleware(error),

@@ -25,6 +25,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admission::Partition;
 use crate::classify::Classifier;
 use crate::idempotency::IdempotencyKey;
 
@@ -37,6 +38,7 @@ pub struct RequestOptions {
     pub(crate) max_attempts: Option<u32>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) classifier: Option<Arc<dyn Classifier>>,
+    pub(crate) partition: Option<Partition>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,6 +92,14 @@ impl RequestOptions {
         self
     }
 
+    /// Decide this request's retry admission in `partition` instead of its
+    /// host's (scheme, host and port): a route, a tenant, or several hosts
+    /// behind one name that fail together.
+    pub fn partition(mut self, partition: Partition) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
     /// A classifier asked before the policy's.
     pub fn classifier(mut self, classifier: impl Classifier) -> Self {
         self.classifier = Some(Arc::new(classifier));
@@ -105,6 +115,7 @@ impl fmt::Debug for RequestOptions {
             .field("max_attempts", &self.max_attempts)
             .field("attempt_timeout", &self.attempt_timeout)
             .field("classifier", &self.classifier.is_some())
+            .field("partition", &self.partition)
             .finish()
     }
 }

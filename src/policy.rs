@@ -27,7 +27,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use rand::RngCore;
 
-use crate::admission::{RetryAdmission, TokenBucketConfig};
+use crate::admission::{CircuitBreaker, RetryAdmission, TokenBucketConfig};
 use crate::backoff::{Backoff, Jitter};
 use crate::builder::RetryPolicyBuilder;
 use crate::classify::Classifier;
@@ -46,6 +46,8 @@ pub(crate) type Rng = Box<dyn RngCore + Send>;
 pub struct RetryPolicy {
     pub(crate) settings: Arc<Settings>,
     pub(crate) admission: Arc<dyn RetryAdmission>,
+    /// The opt-in circuit breaker, per host.
+    pub(crate) breaker: Option<Arc<CircuitBreaker>>,
     pub(crate) rng: Arc<Mutex<Rng>>,
     pub(crate) sleeper: Arc<dyn Sleeper>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -136,7 +138,7 @@ impl RetryPolicy {
         self.settings.deadline
     }
 
-    /// The client-wide retry admission, shared by every clone.
+    /// The retry admission, shared by every clone and kept per host.
     pub fn admission(&self) -> &Arc<dyn RetryAdmission> {
         &self.admission
     }
@@ -171,6 +173,7 @@ impl fmt::Debug for RetryPolicy {
         f.debug_struct("RetryPolicy")
             .field("settings", &self.settings)
             .field("admission", &self.admission)
+            .field("circuit_breaker", &self.breaker)
             .field("classifiers", &self.classifiers.len())
             .finish_non_exhaustive()
     }

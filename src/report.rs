@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::admission::Partition;
 use crate::idempotency::SharedKey;
 use crate::runtime::lock;
 
@@ -21,7 +22,8 @@ pub enum StopReason {
     AttemptsExhausted,
     /// Another attempt would not fit before the deadline.
     Deadline,
-    /// The client-wide retry budget had no token for another attempt.
+    /// Retry admission had no room for another attempt (the budget was
+    /// empty, or the retry waited as long as it may).
     BudgetExhausted,
     /// The server's Retry-After exceeds the configured maximum or the time
     /// left before the deadline.
@@ -33,6 +35,9 @@ pub enum StopReason {
     BodyNotCloneable,
     /// The server said not to retry (`Stripe-Should-Retry: false`).
     ServerSaidNo,
+    /// The circuit breaker refused the call: its host keeps failing, and
+    /// no attempt was made.
+    CircuitOpen,
 }
 
 impl StopReason {
@@ -48,6 +53,7 @@ impl StopReason {
             StopReason::NotIdempotent => "not_idempotent",
             StopReason::BodyNotCloneable => "body_not_cloneable",
             StopReason::ServerSaidNo => "server_said_no",
+            StopReason::CircuitOpen => "circuit_open",
         }
     }
 }
@@ -76,6 +82,7 @@ pub struct RetryReport {
     pub(crate) idempotency_key: Option<SharedKey>,
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
+    pub(crate) partition: Partition,
 }
 
 impl RetryReport {
@@ -88,7 +95,15 @@ impl RetryReport {
             idempotency_key: None,
             stop_reason: StopReason::Success,
             retry_after_honoured: 0,
+            partition: Partition::SINGLE,
         }
+    }
+
+    /// The admission partition (by default the host) every decision of the
+    /// operation was made for. Not serialized: a partition is a digest
+    /// seeded per process.
+    pub fn partition(&self) -> Partition {
+        self.partition
     }
 
     /// Time the retries spent waiting for admission (not included in

@@ -20,6 +20,8 @@ fn public_types_are_send_sync_and_debug() {
     send_sync::<ReportSlot>();
     send_sync::<RequestOptions>();
     send_sync::<ManualClock>();
+    send_sync::<Partition>();
+    send_sync::<CircuitBreakerConfig>();
     debug::<RetryMiddleware>();
     debug::<RetryPolicyBuilder>();
     debug::<RequestOptions>();
@@ -31,6 +33,8 @@ fn public_types_are_send_sync_and_debug() {
     debug::<Admission>();
     debug::<ReportSlot>();
     debug::<RetryPolicy>();
+    debug::<Partition>();
+    debug::<CircuitBreakerConfig>();
 }
 
 #[test]
@@ -63,6 +67,7 @@ fn stop_reasons_have_the_snake_case_names_of_the_contract() {
         (StopReason::NotIdempotent, "not_idempotent"),
         (StopReason::BodyNotCloneable, "body_not_cloneable"),
         (StopReason::ServerSaidNo, "server_said_no"),
+        (StopReason::CircuitOpen, "circuit_open"),
     ];
     for (reason, name) in names {
         assert_eq!(reason.as_str(), name);

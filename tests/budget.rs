@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use reqwest_safe_retry::{
     retry, AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Clock,
-    GrantSource, Jitter, ManualClock, NoAdmission, Outcome, RetryAdmission, RetryKind, RetryPolicy,
-    RetryReport, RetryRequest, StopReason, TokenBucket, TokenBucketConfig,
+    GrantSource, Jitter, ManualClock, NoAdmission, Outcome, Partition, RetryAdmission, RetryKind,
+    RetryPolicy, RetryReport, RetryRequest, StopReason, TokenBucket, TokenBucketConfig,
 };
 use support::{client, ms, policy};
 
@@ -193,7 +193,7 @@ async fn no_token_is_spent_on_a_deadline_give_up(make: Make, _bounded: bool) {
     // The token is still there: the next retry is admitted at once.
     let now = Instant::now();
     let retry = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
-    match admission.admit(retry, now) {
+    match admission.admit(P, retry, now) {
         Admission::Admit(g) => assert_ne!(g.source(), GrantSource::Probe),
         other => panic!("{other:?}"),
     }
@@ -211,6 +211,9 @@ fn small(capacity: f64) -> AdaptiveAdmission {
     .unwrap()
 }
 
+/// The one partition these state-machine tests use.
+const P: Partition = Partition::SINGLE;
+
 const RETRY: RetryRequest = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
 
 fn source(a: Admission) -> Option<GrantSource> {
@@ -224,22 +227,38 @@ fn outcome(a: &AdaptiveAdmission, grant: Admission, result: AttemptResult, now: 
     let Admission::Admit(g) = grant else {
         panic!("not admitted: {grant:?}")
     };
-    a.record(AttemptRecord::new(2, Some(g), result), now);
+    a.record(P, AttemptRecord::new(2, Some(g), result), now);
+}
+
+/// Runs the bucket dry, sends the first probe when it is due and records
+/// its success; returns when.
+fn first_probe_succeeds(a: &AdaptiveAdmission) -> Instant {
+    let start = Instant::now();
+    assert!(matches!(a.admit(P, RETRY, start), Admission::Wait(_)));
+    let t0 = start + ms(250);
+    let probe = a.admit(P, RETRY, t0);
+    assert_eq!(source(probe), Some(GrantSource::Probe));
+    outcome(a, probe, AttemptResult::Success, t0);
+    t0
 }
 
 #[test]
 fn an_empty_bucket_waits_instead_of_refusing() {
     let a = small(1.0);
     let t0 = Instant::now();
-    assert_eq!(source(a.admit(RETRY, t0)), Some(GrantSource::Token));
-    assert_eq!(source(a.admit(RETRY, t0)), Some(GrantSource::Probe));
+    assert_eq!(source(a.admit(P, RETRY, t0)), Some(GrantSource::Token));
     // Neither a token nor a probe is due: wait one poll interval.
-    assert_eq!(a.admit(RETRY, t0), Admission::Wait(ms(20)));
-    // Close to the next probe (250 ms), the wait ends at it.
-    assert_eq!(a.admit(RETRY, t0 + ms(240)), Admission::Wait(ms(10)));
+    assert_eq!(a.admit(P, RETRY, t0), Admission::Wait(ms(20)));
+    // Close to the first probe (250 ms after the bucket ran dry), the wait
+    // ends at it.
+    assert_eq!(a.admit(P, RETRY, t0 + ms(240)), Admission::Wait(ms(10)));
+    assert_eq!(
+        source(a.admit(P, RETRY, t0 + ms(250))),
+        Some(GrantSource::Probe)
+    );
     // A retry that already waited the longest it may is refused.
     let tired = RetryRequest::new(RetryKind::Transient, Duration::from_secs(10));
-    assert_eq!(a.admit(tired, t0 + ms(100)), Admission::Refuse);
+    assert_eq!(a.admit(P, tired, t0 + ms(100)), Admission::Refuse);
 }
 
 #[test]
@@ -250,23 +269,24 @@ fn probes_go_out_at_the_floor_rate_and_back_off_while_they_fail() {
     // Ask every 10 ms for 60 s; every probe fails at once.
     for i in 0..6000u64 {
         let now = t0 + ms(i * 10);
-        let answer = a.admit(RETRY, now);
+        let answer = a.admit(P, RETRY, now);
         if let Some(GrantSource::Probe) = source(answer) {
             probes.push(i * 10);
             outcome(&a, answer, AttemptResult::Failure, now);
         }
     }
-    // 0, then 0.5, 1, 2, 4, 8, 16, 16… seconds after each failure.
+    // 250 ms after the bucket ran dry, then 0.5, 1, 2, 4, 8, 16, 16…
+    // seconds after each failure.
     assert_eq!(
         probes,
-        [0, 500, 1_500, 3_500, 7_500, 15_500, 31_500, 47_500]
+        [250, 750, 1_750, 3_750, 7_750, 15_750, 31_750, 47_750]
     );
-    assert_eq!(a.probe_interval(), Duration::from_secs(16));
+    assert_eq!(a.probe_interval(P), Duration::from_secs(16));
     // A success resets the interval and makes a probe due at once.
     let now = t0 + Duration::from_secs(50);
-    a.record(AttemptRecord::new(1, None, AttemptResult::Success), now);
-    assert_eq!(a.probe_interval(), ms(250));
-    assert_eq!(source(a.admit(RETRY, now)), Some(GrantSource::Probe));
+    a.record(P, AttemptRecord::new(1, None, AttemptResult::Success), now);
+    assert_eq!(a.probe_interval(P), ms(250));
+    assert_eq!(source(a.admit(P, RETRY, now)), Some(GrantSource::Probe));
 }
 
 /// Asks every millisecond from `from` for `span`, records each admitted
@@ -280,7 +300,7 @@ fn ask_every_ms(
     let (mut released, mut probes) = (0, 0);
     for i in 0..span.as_millis() as u64 {
         let now = from + ms(i);
-        let answer = a.admit(RETRY, now);
+        let answer = a.admit(P, RETRY, now);
         match source(answer) {
             Some(GrantSource::Released) => released += 1,
             Some(GrantSource::Probe) => probes += 1,
@@ -294,12 +314,10 @@ fn ask_every_ms(
 #[test]
 fn a_successful_probe_releases_waiting_retries_with_slow_start() {
     let a = small(0.001);
-    let t0 = Instant::now();
-    let probe = a.admit(RETRY, t0);
-    outcome(&a, probe, AttemptResult::Success, t0);
-    assert_eq!(a.release_rate(), 10.0);
+    let t0 = first_probe_succeeds(&a);
+    assert_eq!(a.release_rate(P, t0), 10.0);
     // Nothing is released in a burst: the first retry after 100 ms.
-    assert!(matches!(a.admit(RETRY, t0 + ms(99)), Admission::Wait(_)));
+    assert!(matches!(a.admit(P, RETRY, t0 + ms(99)), Admission::Wait(_)));
     // While they succeed, each success raises the rate by 10/s: the number
     // released per 100 ms grows exponentially.
     let mut per_window = Vec::new();
@@ -323,22 +341,23 @@ fn failures_collapse_the_release_rate() {
     let released = reqwest_safe_retry::Grant::new(GrantSource::Released, 0.0);
     for _ in 0..20 {
         a.record(
+            P,
             AttemptRecord::new(2, Some(released), AttemptResult::Success),
             t0,
         );
     }
-    assert_eq!(a.release_rate(), 200.0);
+    assert_eq!(a.release_rate(P, t0), 200.0);
     let fail = AttemptRecord::new(2, Some(released), AttemptResult::Failure);
-    a.record(fail, t0);
-    assert_eq!(a.release_rate(), 100.0);
+    a.record(P, fail, t0);
+    assert_eq!(a.release_rate(P, t0), 100.0);
     // A first attempt's failure is no retry failing: nothing collapses.
-    a.record(AttemptRecord::new(1, None, AttemptResult::Failure), t0);
-    assert_eq!(a.release_rate(), 100.0);
+    a.record(P, AttemptRecord::new(1, None, AttemptResult::Failure), t0);
+    assert_eq!(a.release_rate(P, t0), 100.0);
     // Halving below one per second leaves only probes.
     for _ in 0..7 {
-        a.record(fail, t0);
+        a.record(P, fail, t0);
     }
-    assert_eq!(a.release_rate(), 0.0);
+    assert_eq!(a.release_rate(P, t0), 0.0);
     let (released, probes) = ask_every_ms(
         &a,
         t0 + ms(1),
@@ -355,9 +374,7 @@ fn released_retries_track_a_rate_limited_server() {
     // release rate settles near that instead of growing without end or
     // collapsing to zero.
     let a = small(0.001);
-    let t0 = Instant::now();
-    let probe = a.admit(RETRY, t0);
-    outcome(&a, probe, AttemptResult::Success, t0);
+    let t0 = first_probe_succeeds(&a);
     let mut served_this_second = 0;
     let mut per_second = Vec::new();
     for i in 1..5000u64 {
@@ -366,7 +383,7 @@ fn released_retries_track_a_rate_limited_server() {
             per_second.push(served_this_second);
             served_this_second = 0;
         }
-        let answer = a.admit(RETRY, now);
+        let answer = a.admit(P, RETRY, now);
         if source(answer).is_none() {
             continue;
         }
@@ -392,15 +409,15 @@ fn a_fresh_admission_is_a_warmed_one() {
     let warmed = small(10.0);
     let t0 = Instant::now();
     for _ in 0..1000 {
-        warmed.first_attempt(t0);
-        warmed.record(AttemptRecord::new(1, None, AttemptResult::Success), t0);
+        warmed.first_attempt(P, t0);
+        warmed.record(P, AttemptRecord::new(1, None, AttemptResult::Success), t0);
     }
-    assert_eq!(fresh.tokens(), warmed.tokens());
-    assert_eq!(fresh.release_rate(), warmed.release_rate());
+    assert_eq!(fresh.tokens(P), warmed.tokens(P));
+    assert_eq!(fresh.release_rate(P, t0), warmed.release_rate(P, t0));
     for _ in 0..12 {
         assert_eq!(
-            source(fresh.admit(RETRY, t0)),
-            source(warmed.admit(RETRY, t0))
+            source(fresh.admit(P, RETRY, t0)),
+            source(warmed.admit(P, RETRY, t0))
         );
     }
 }
@@ -419,7 +436,7 @@ async fn a_retry_waits_for_admission_and_the_report_says_how_long() {
         .build()
         .unwrap();
     // Use up the probe.
-    let _ = admission.admit(RETRY, clock.now());
+    let _ = admission.admit(P, RETRY, clock.now());
     let (_, report) = retry(&p, |ctx| async move {
         if ctx.attempt() < 2 {
             Outcome::transient(())
@@ -449,7 +466,7 @@ async fn a_wait_that_meets_the_deadline_ends_with_budget_exhausted() {
         .shared_admission(admission.clone())
         .build()
         .unwrap();
-    let _ = admission.admit(RETRY, clock.now());
+    let _ = admission.admit(P, RETRY, clock.now());
     let mut attempts = 0;
     let (_, report) = retry(&p, |_| {
         attempts += 1;

@@ -1,16 +1,26 @@
 //! The default: retries that find no token wait, probes go out at a floor
 //! rate while failures continue, and successes release the waiting retries
-//! with slow start.
+//! with slow start — each of these kept per host.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::partition::{Bounds, Partition, Partitions};
 use super::{
     Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryRequest,
 };
 use crate::error::ConfigError;
-use crate::runtime::lock;
+
+/// With no success of a retry for this long, the release rate halves, and
+/// again for every further such interval: a rate learnt an hour ago says
+/// nothing about a host now, so a fresh client behaves as a warmed one.
+const RELEASE_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// A waiter that has not asked again for this many poll intervals has gone
+/// (its deadline ended it, or its caller dropped it) and no longer holds
+/// its place in line.
+const WAITER_STALE_POLLS: u32 = 4;
 
 /// The settings of an [`AdaptiveAdmission`], by name.
 ///
@@ -28,24 +38,38 @@ pub struct AdaptiveConfig {
     /// Cost of a retry paid from the bucket. Default 1.
     pub retry_cost: f64,
     /// The floor rate: with the bucket empty, one retry per this interval
-    /// goes out as a probe. Default 250 ms.
+    /// goes out as a probe, the first one this long after the bucket ran
+    /// dry. At most one probe per host is in flight (one whose caller never
+    /// reports back is presumed lost after `max_admission_wait`, or the
+    /// current probe interval if longer). Default 250 ms.
     pub probe_interval: Duration,
     /// Each failed probe doubles the interval (counted from its failure) up
-    /// to this, so a long outage costs a handful of probes; any success
-    /// resets it. Default 16 s.
+    /// to this, so a long outage costs a handful of probes; a success to
+    /// the same host resets it. Default 16 s.
     pub max_probe_interval: Duration,
     /// Slow start: each successful retry raises the rate at which waiting
     /// retries are released by this many per second (so the rate grows
-    /// exponentially while retries succeed); each failed retry halves it.
-    /// Default 10.
+    /// exponentially while retries succeed); each failed retry halves it,
+    /// and it halves for every second without a successful retry. 0 (only
+    /// probes) or at least 1. Default 10.
     pub release_step: f64,
-    /// The highest release rate, retries per second. Default 10 000.
+    /// The highest release rate, retries per second; at least 1. Default
+    /// 10 000.
     pub max_release_rate: f64,
     /// How often a waiting retry asks again. Default 20 ms.
     pub poll_interval: Duration,
     /// The longest a retry waits for admission before the operation ends
     /// with `budget_exhausted` (the deadline bounds it too). Default 10 s.
     pub max_admission_wait: Duration,
+    /// The most hosts (partitions) whose state is kept (rounded down to a
+    /// multiple of 16, and at least 16); each costs about 200 bytes, plus
+    /// 48 bytes per retry waiting on it. When the table is
+    /// full, hosts idle past `partition_idle_expiry` are dropped first, and
+    /// else the least recently used. Default 10 000 (about 2 MB).
+    pub max_partitions: usize,
+    /// A host unused for this long is the first dropped when room is
+    /// needed; a dropped host starts again fresh. Default 5 minutes.
+    pub partition_idle_expiry: Duration,
 }
 
 impl Default for AdaptiveConfig {
@@ -60,78 +84,186 @@ impl Default for AdaptiveConfig {
             max_release_rate: 10_000.0,
             poll_interval: Duration::from_millis(20),
             max_admission_wait: Duration::from_secs(10),
+            max_partitions: 10_000,
+            partition_idle_expiry: Duration::from_secs(300),
         }
     }
 }
 
-/// Adaptive retry admission, shared by every clone of a client.
+/// Adaptive retry admission, shared by every clone of a client and kept per
+/// host ([`Partition`]).
 ///
-/// A retry that has slept its backoff asks for admission:
+/// A retry that has slept its backoff asks for admission for its host:
 ///
-/// 1. a token from the bucket (10 to start, +0.1 per first attempt, −1 per
-///    retry) admits it at once — the SRE book's budget;
+/// 1. a token from the host's bucket (10 to start, +0.1 per first attempt,
+///    −1 per retry) admits it at once — the SRE book's budget;
 /// 2. otherwise a retry *released* by recent successes admits it: released
 ///    retries go out at a rate that each successful retry raises by
 ///    `release_step` per second (slow start: exponential growth while they
-///    succeed) and each failed retry halves (collapse); the rate paces them,
-///    so a server that rejects what exceeds its capacity is not hit by a
-///    burst;
-/// 3. otherwise, if no probe went out for `probe_interval`, it goes out as
-///    a probe (the floor rate, which also serves quiet processes); a failed
-///    probe doubles the interval (up to `max_probe_interval`);
+///    succeed), each failed retry halves (collapse), and idle time decays;
+///    the rate paces them, so a server that rejects what exceeds its
+///    capacity is not hit by a burst;
+/// 3. otherwise, once `probe_interval` has passed since the bucket ran dry
+///    or the last probe, and no probe is in flight, it goes out as a probe
+///    (the floor rate, which also serves quiet processes); a failed probe
+///    doubles the interval (up to `max_probe_interval`);
 /// 4. otherwise it waits and asks again, up to `max_admission_wait` and its
-///    deadline.
+///    deadline. Waiting retries are served in the order they started
+///    waiting (a retry holds its place from its second question, so to
+///    within a poll interval).
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
-/// a warmed one. A first attempt that succeeds is still evidence of recovery:
-/// it makes the next probe due at once.
+/// a warmed one. A first attempt that succeeds is still evidence of recovery
+/// for its host: it makes the host's next probe due at once.
+///
+/// Hosts never share state: one host's outage neither drains another's
+/// bucket nor holds its retries, and one host's successes neither release
+/// another's retries nor reset its probe back-off.
 #[derive(Debug)]
 pub struct AdaptiveAdmission {
     config: AdaptiveConfig,
-    state: Mutex<State>,
-    /// First attempts not yet deposited: counted without the lock (the
-    /// success path takes no lock), deposited when a retry next asks.
-    deposits: AtomicU64,
-    /// Whether failed probes have backed the probe interval off, so that a
-    /// first attempt's success takes the lock only when it has work to do.
-    backed_off: AtomicBool,
+    hosts: Partitions<Host>,
+    /// Hosts whose probe interval is backed off, at most (a host dropped
+    /// from the table is not subtracted): while none is, a first attempt's
+    /// success has nothing to reset and takes no lock.
+    backed_off: AtomicUsize,
 }
 
+/// When the next probe may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Not armed: the bucket has not run dry since the last reset.
+    Unarmed,
+    At(Instant),
+    /// Beyond any representable instant: never.
+    Never,
+}
+
+/// `now + d`, or never when that is not representable.
+fn after(now: Instant, d: Duration) -> Due {
+    now.checked_add(d).map_or(Due::Never, Due::At)
+}
+
+/// One host's state.
 #[derive(Debug)]
-struct State {
+struct Host {
     tokens: f64,
-    /// Release rate, retries per second.
+    /// First attempts not yet deposited: added all at once when a retry
+    /// next asks, so that ten deposits of 0.1 make exactly one token.
+    deposits: u64,
+    /// Release rate, retries per second, as of `rate_at`.
     rate: f64,
-    /// Released retries available now (paced by `rate`).
+    rate_at: Option<Instant>,
+    /// The last success of a retry: the rate decays from a half-life after
+    /// it.
+    evidence: Option<Instant>,
+    /// Released retries available now (paced by the rate).
     allowance: f64,
-    /// When `allowance` was last refilled.
+    /// When `allowance` was last refilled; never moves back.
     refilled: Option<Instant>,
-    next_probe: Option<Instant>,
+    next_probe: Due,
     probe_interval: Duration,
+    /// When the probe in flight was sent, if one is.
+    probe_in_flight: Option<Instant>,
+    /// Retries waiting, by when they started waiting, with when each last
+    /// asked: the earliest one still asking goes first.
+    waiters: BTreeMap<Instant, Instant>,
 }
 
-impl State {
-    /// Adds what `rate` earned since the last refill; a burst is at most
-    /// one poll interval's worth (and at least one retry).
-    fn refill(&mut self, now: Instant, poll: Duration) {
-        if let Some(then) = self.refilled {
-            let earned = self.rate * now.saturating_duration_since(then).as_secs_f64();
-            let burst = (self.rate * poll.as_secs_f64()).max(1.0);
-            self.allowance = (self.allowance + earned).min(burst);
+impl Host {
+    fn fresh(c: &AdaptiveConfig) -> Self {
+        Host {
+            tokens: c.capacity,
+            deposits: 0,
+            rate: 0.0,
+            rate_at: None,
+            evidence: None,
+            allowance: 0.0,
+            refilled: None,
+            next_probe: Due::Unarmed,
+            probe_interval: c.probe_interval,
+            probe_in_flight: None,
+            waiters: BTreeMap::new(),
         }
-        self.refilled = Some(now);
+    }
+
+    /// The release rate at `now`, decayed for the time without evidence.
+    fn rate(&self, now: Instant) -> f64 {
+        let Some(at) = self.rate_at else {
+            return self.rate;
+        };
+        // Decay runs from a half-life after the last evidence, and never
+        // twice over a stretch already folded into `rate`.
+        let from = match self.evidence.and_then(|e| e.checked_add(RELEASE_HALF_LIFE)) {
+            Some(quiet) => quiet.max(at),
+            None => at,
+        };
+        let idle = now.saturating_duration_since(from).as_secs_f64();
+        let rate = self.rate * 0.5f64.powf(idle / RELEASE_HALF_LIFE.as_secs_f64());
+        if rate < 1.0 {
+            0.0
+        } else {
+            rate
+        }
+    }
+
+    /// Folds the decay up to `now` into the stored rate before changing it.
+    fn settle_rate(&mut self, now: Instant) {
+        let at = self.rate_at.map_or(now, |at| at.max(now));
+        self.rate = self.rate(at);
+        self.rate_at = Some(at);
+    }
+
+    /// Adds what the rate earned since the last refill; a burst is at most
+    /// one poll interval's worth (and at least one retry). A `now` read
+    /// before another thread's later one credits nothing, and never moves
+    /// the refill time back.
+    fn refill(&mut self, now: Instant, poll: Duration) {
+        let rate = self.rate(now);
+        if let Some(then) = self.refilled {
+            let earned = rate * now.saturating_duration_since(then).as_secs_f64();
+            let burst = (rate * poll.as_secs_f64()).max(1.0);
+            self.allowance = (self.allowance + earned).min(burst);
+            self.refilled = Some(then.max(now));
+        } else {
+            self.refilled = Some(now);
+        }
+    }
+
+    /// Forgets the waiters at the head of the line that stopped asking.
+    fn prune_waiters(&mut self, now: Instant, stale: Duration) {
+        while let Some((&arrival, &seen)) = self.waiters.first_key_value() {
+            if now.saturating_duration_since(seen) <= stale {
+                break;
+            }
+            self.waiters.remove(&arrival);
+        }
+    }
+
+    /// Deposits the pending first attempts. Adding them at once is adding
+    /// them one by one: the cap only ever lowers a total that grows.
+    fn deposit(&mut self, c: &AdaptiveConfig) {
+        if self.deposits > 0 {
+            #[allow(clippy::cast_precision_loss)] // exact below 2^53 first attempts
+            let deposit = self.deposits as f64 * c.first_attempt_deposit;
+            self.tokens = (self.tokens + deposit).min(c.capacity);
+            self.deposits = 0;
+        }
     }
 }
 
 impl AdaptiveAdmission {
-    /// A new admission with a full bucket.
+    /// A new admission; each host starts with a full bucket.
     ///
     /// # Errors
     ///
     /// [`ConfigError`] naming the setting when a number is negative or not
-    /// finite, the capacity or a cost is zero, an interval is zero, or the
-    /// largest probe interval is below the first.
+    /// finite, the capacity or a cost is zero, an interval is zero, the
+    /// largest probe interval is below the first, the release step is
+    /// between 0 and 1 or the highest release rate below 1 (a rate below
+    /// one retry per second only ever releases probes), or no host may be
+    /// kept.
     pub fn new(config: AdaptiveConfig) -> Result<Self, ConfigError> {
         let finite = |name: &'static str, v: f64| {
             if v.is_finite() && v >= 0.0 {
@@ -150,8 +282,19 @@ impl AdaptiveAdmission {
             "admission.first_attempt_deposit",
             config.first_attempt_deposit,
         )?;
-        finite("admission.release_step", config.release_step)?;
-        finite("admission.max_release_rate", config.max_release_rate)?;
+        let step = finite("admission.release_step", config.release_step)?;
+        if step != 0.0 && step < 1.0 {
+            return Err(ConfigError::named(
+                "admission.release_step",
+                "must be 0 (only probes) or at least 1 per second",
+            ));
+        }
+        if finite("admission.max_release_rate", config.max_release_rate)? < 1.0 {
+            return Err(ConfigError::named(
+                "admission.max_release_rate",
+                "must be at least 1 per second",
+            ));
+        }
         if finite("admission.retry_cost", config.retry_cost)? == 0.0 {
             return Err(ConfigError::named(
                 "admission.retry_cost",
@@ -172,40 +315,47 @@ impl AdaptiveAdmission {
                 "must not be below probe_interval",
             ));
         }
+        if config.max_partitions == 0 {
+            return Err(ConfigError::named(
+                "admission.max_partitions",
+                "must be at least 1",
+            ));
+        }
         Ok(AdaptiveAdmission {
-            state: Mutex::new(State {
-                tokens: config.capacity,
-                rate: 0.0,
-                allowance: 0.0,
-                refilled: None,
-                next_probe: None,
-                probe_interval: config.probe_interval,
+            hosts: Partitions::new(Bounds {
+                max: config.max_partitions,
+                idle: config.partition_idle_expiry,
             }),
-            deposits: AtomicU64::new(0),
-            backed_off: AtomicBool::new(false),
+            backed_off: AtomicUsize::new(0),
             config,
         })
     }
 
-    /// Locks the state with every pending first attempt deposited. Adding
-    /// them at once is adding them one by one: the cap only ever lowers a
-    /// total that grows.
-    fn locked(&self) -> std::sync::MutexGuard<'_, State> {
-        let mut s = lock(&self.state);
-        let n = self.deposits.swap(0, Ordering::Relaxed);
-        if n > 0 {
-            #[allow(clippy::cast_precision_loss)] // exact below 2^53 first attempts
-            let deposit = n as f64 * self.config.first_attempt_deposit;
-            s.tokens = (s.tokens + deposit).min(self.config.capacity);
+    /// Sets a host's probe interval, counting the hosts backed off.
+    fn set_probe_interval(&self, h: &mut Host, interval: Duration) {
+        let base = self.config.probe_interval;
+        match (h.probe_interval > base, interval > base) {
+            (false, true) => {
+                self.backed_off.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                self.backed_off.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
-        s
+        h.probe_interval = interval;
     }
 
-    /// Sets the probe interval and whether it is backed off.
-    fn set_probe_interval(&self, s: &mut State, interval: Duration) {
-        s.probe_interval = interval;
-        self.backed_off
-            .store(interval > self.config.probe_interval, Ordering::Relaxed);
+    /// Runs `f` on a host's state, made fresh if the host has none.
+    fn host<R>(&self, p: Partition, now: Instant, f: impl FnOnce(&mut Host) -> R) -> R {
+        self.hosts.with(p, now, || Host::fresh(&self.config), f)
+    }
+
+    /// Reads a host's state; a host with none reads as fresh.
+    fn read<R>(&self, p: Partition, f: impl Fn(&Host) -> R) -> R {
+        self.hosts
+            .peek(p, &f)
+            .unwrap_or_else(|| f(&Host::fresh(&self.config)))
     }
 
     /// The settings.
@@ -213,101 +363,174 @@ impl AdaptiveAdmission {
         &self.config
     }
 
-    /// Tokens in the bucket now.
-    pub fn tokens(&self) -> f64 {
-        self.locked().tokens
+    /// Tokens in a host's bucket now.
+    pub fn tokens(&self, partition: Partition) -> f64 {
+        self.read(partition, |h| {
+            #[allow(clippy::cast_precision_loss)] // exact below 2^53 first attempts
+            let pending = h.deposits as f64 * self.config.first_attempt_deposit;
+            (h.tokens + pending).min(self.config.capacity)
+        })
     }
 
     /// The rate, retries per second, at which evidence of recovery
-    /// releases waiting retries now (0 while failures continue).
-    pub fn release_rate(&self) -> f64 {
-        lock(&self.state).rate
+    /// releases a host's waiting retries at `now` (0 while failures
+    /// continue).
+    pub fn release_rate(&self, partition: Partition, now: Instant) -> f64 {
+        self.read(partition, |h| h.rate(now))
     }
 
-    /// The interval before the next probe after the last one.
-    pub fn probe_interval(&self) -> Duration {
-        lock(&self.state).probe_interval
+    /// The interval before a host's next probe after its last one.
+    pub fn probe_interval(&self, partition: Partition) -> Duration {
+        self.read(partition, |h| h.probe_interval)
+    }
+
+    /// Hosts whose state is kept now (at most `max_partitions`).
+    pub fn partitions(&self) -> usize {
+        self.hosts.len()
     }
 }
 
 impl RetryAdmission for AdaptiveAdmission {
-    fn first_attempt(&self, _now: Instant) {
-        self.deposits.fetch_add(1, Ordering::Relaxed);
+    fn first_attempt(&self, partition: Partition, now: Instant) {
+        self.host(partition, now, |h| {
+            h.deposits = h.deposits.saturating_add(1)
+        });
     }
 
-    fn admit(&self, retry: RetryRequest, now: Instant) -> Admission {
+    fn admit(&self, partition: Partition, retry: RetryRequest, now: Instant) -> Admission {
         let c = &self.config;
-        let mut s = self.locked();
-        if s.tokens >= c.retry_cost {
-            s.tokens -= c.retry_cost;
-            return Admission::Admit(Grant::new(GrantSource::Token, c.retry_cost));
-        }
-        s.refill(now, c.poll_interval);
-        if s.allowance >= 1.0 {
-            s.allowance -= 1.0;
-            return Admission::Admit(Grant::new(GrantSource::Released, 0.0));
-        }
-        match s.next_probe {
-            Some(due) if now < due => {
-                let left = c.max_admission_wait.saturating_sub(retry.waited());
-                if left.is_zero() {
-                    return Admission::Refuse;
-                }
-                let mut wait = c.poll_interval.min(due - now).min(left);
-                if s.rate > 0.0 {
-                    // Until the next released retry, at least 1 ms.
-                    let next = Duration::from_secs_f64((1.0 - s.allowance) / s.rate);
-                    wait = wait.min(next.max(Duration::from_millis(1)));
-                }
-                Admission::Wait(wait)
+        let arrival = now.checked_sub(retry.waited()).unwrap_or(now);
+        let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
+        self.host(partition, now, |h| {
+            h.deposit(c);
+            h.refill(now, c.poll_interval);
+            h.prune_waiters(now, stale);
+            // The floor rate starts when the bucket runs dry.
+            let dry = h.tokens < c.retry_cost && h.allowance < 1.0;
+            if dry && h.next_probe == Due::Unarmed {
+                h.next_probe = after(now, h.probe_interval);
             }
-            _ => {
-                // Far-future instants are not representable: then no probe
-                // is due again, and waiting retries end at their bound.
-                s.next_probe = now.checked_add(s.probe_interval).or(Some(now));
-                Admission::Admit(Grant::new(GrantSource::Probe, 0.0))
+            // A probe presumed lost (its caller dropped it before it
+            // reported) frees its place after the longest wait.
+            let lease = c.max_admission_wait.max(h.probe_interval);
+            let in_flight = h
+                .probe_in_flight
+                .is_some_and(|sent| now.saturating_duration_since(sent) < lease);
+            let probe_due = !in_flight && matches!(h.next_probe, Due::At(due) if now >= due);
+            // What could go now, and how many earlier waiters still asking
+            // are ahead: with `k` retries' worth available, the first `k`
+            // in line may go, so order holds to within one poll interval
+            // without a release waiting for one waiter's turn to ask.
+            // Casts saturate; only a count up to `available` matters.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let available = ((h.tokens / c.retry_cost).floor() as usize)
+                .saturating_add(h.allowance.floor() as usize)
+                .saturating_add(usize::from(probe_due));
+            let ahead = h.waiters.range(..arrival).take(available).count();
+            let grant = if ahead >= available {
+                None
+            } else if h.tokens >= c.retry_cost {
+                h.tokens -= c.retry_cost;
+                Some(Grant::new(GrantSource::Token, c.retry_cost))
+            } else if h.allowance >= 1.0 {
+                h.allowance -= 1.0;
+                Some(Grant::new(GrantSource::Released, 0.0))
+            } else {
+                h.probe_in_flight = Some(now);
+                h.next_probe = after(now, h.probe_interval);
+                Some(Grant::new(GrantSource::Probe, 0.0))
+            };
+            if let Some(grant) = grant {
+                h.waiters.remove(&arrival);
+                return Admission::Admit(grant);
             }
-        }
+            let left = c.max_admission_wait.saturating_sub(retry.waited());
+            if left.is_zero() {
+                h.waiters.remove(&arrival);
+                return Admission::Refuse;
+            }
+            // A retry holds its place in line from its second ask: the first
+            // may be a one-off question.
+            if !retry.waited().is_zero() {
+                h.waiters.insert(arrival, now);
+            }
+            let mut wait = c.poll_interval.min(left);
+            if let Due::At(due) = h.next_probe {
+                if due > now {
+                    wait = wait.min(due - now);
+                }
+            }
+            let rate = h.rate(now);
+            if rate > 0.0 {
+                // Until the next released retry, at least 1 ms.
+                let next = Duration::try_from_secs_f64((1.0 - h.allowance) / rate)
+                    .unwrap_or(Duration::MAX);
+                wait = wait.min(next.max(Duration::from_millis(1)));
+            }
+            Admission::Wait(wait)
+        })
     }
 
-    fn record(&self, attempt: AttemptRecord, now: Instant) {
+    fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant) {
         let c = &self.config;
         match (attempt.result(), attempt.grant()) {
-            (AttemptResult::Success, Some(_)) => {
+            (AttemptResult::Success, Some(grant)) => self.host(partition, now, |h| {
                 // Slow start: successes per second grow with the rate, so
                 // the rate grows exponentially while retries succeed.
-                let mut s = self.locked();
-                s.refill(now, c.poll_interval);
-                s.rate = (s.rate + c.release_step).min(c.max_release_rate);
-                self.set_probe_interval(&mut s, c.probe_interval);
-            }
-            // The service answers again: probe at once rather than at the
-            // end of a backed-off interval. A first attempt that succeeds
-            // while nothing is backed off (the usual case) takes no lock.
-            (AttemptResult::Success, None) if self.backed_off.load(Ordering::Relaxed) => {
-                let mut s = self.locked();
-                if s.probe_interval > c.probe_interval {
-                    self.set_probe_interval(&mut s, c.probe_interval);
-                    s.next_probe = Some(now);
+                h.refill(now, c.poll_interval);
+                h.settle_rate(now);
+                h.rate = (h.rate + c.release_step).min(c.max_release_rate);
+                h.evidence = Some(h.evidence.map_or(now, |e| e.max(now)));
+                self.set_probe_interval(h, c.probe_interval);
+                if grant.is_probe() {
+                    h.probe_in_flight = None;
                 }
+            }),
+            // The host answers again: probe at once rather than at the end
+            // of a backed-off interval. While no host is backed off (the
+            // usual case), a first attempt's success takes no lock.
+            (AttemptResult::Success, None) if self.backed_off.load(Ordering::Relaxed) > 0 => {
+                self.host(partition, now, |h| {
+                    if h.probe_interval > c.probe_interval {
+                        self.set_probe_interval(h, c.probe_interval);
+                        h.next_probe = Due::At(now);
+                    }
+                });
             }
-            (AttemptResult::Failure, Some(grant)) => {
-                let mut s = self.locked();
+            (AttemptResult::Failure, Some(grant)) => self.host(partition, now, |h| {
                 // Collapse: each failed retry halves the release rate; below
                 // one retry per second only probes remain.
-                s.refill(now, c.poll_interval);
-                s.rate /= 2.0;
-                if s.rate < 1.0 {
-                    s.rate = 0.0;
-                    s.allowance = 0.0;
+                h.refill(now, c.poll_interval);
+                h.settle_rate(now);
+                h.rate /= 2.0;
+                if h.rate < 1.0 {
+                    h.rate = 0.0;
+                    h.allowance = 0.0;
                 }
                 if grant.is_probe() {
-                    let backed_off = s.probe_interval.saturating_mul(2).min(c.max_probe_interval);
-                    self.set_probe_interval(&mut s, backed_off);
-                    s.next_probe = now.checked_add(s.probe_interval).or(Some(now));
+                    h.probe_in_flight = None;
+                    let interval = h.probe_interval.saturating_mul(2).min(c.max_probe_interval);
+                    self.set_probe_interval(h, interval);
+                    h.next_probe = after(now, interval);
                 }
+            }),
+            (AttemptResult::Other, Some(grant)) if grant.is_probe() => {
+                self.host(partition, now, |h| h.probe_in_flight = None);
             }
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_costs_about_200_bytes() {
+        // Its state, its last use and its key in the table, and the table's
+        // control byte: what `max_partitions` documents.
+        let per_host = std::mem::size_of::<Host>() + 16 + 8 + 1;
+        assert!(per_host <= 200, "{per_host} bytes");
     }
 }

@@ -1,11 +1,11 @@
-//! Retry admission: whether a retry may go out now, decided for the whole
-//! client.
+//! Retry admission: whether a retry may go out now, decided for every clone
+//! of a client and kept per host ([`Partition`]).
 //!
 //! ```
 //! use std::time::{Duration, Instant};
 //! use reqwest_safe_retry::{
-//!     Admission, AdaptiveAdmission, AdaptiveConfig, AttemptRecord, AttemptResult, RetryAdmission,
-//!     RetryKind, RetryRequest,
+//!     Admission, AdaptiveAdmission, AdaptiveConfig, AttemptRecord, AttemptResult, Partition,
+//!     RetryAdmission, RetryKind, RetryRequest,
 //! };
 //!
 //! let admission = AdaptiveAdmission::new(AdaptiveConfig {
@@ -13,20 +13,25 @@
 //!     ..AdaptiveConfig::default()
 //! })
 //! .unwrap();
+//! let host = Partition::of_url(&"https://api.example.com/".parse().unwrap());
 //! let now = Instant::now();
 //! let retry = RetryRequest::new(RetryKind::Transient, Duration::ZERO);
 //! // One token: the first retry goes out at once.
-//! assert!(matches!(admission.admit(retry, now), Admission::Admit(_)));
-//! // The bucket is empty: the next one is a probe…
-//! let Admission::Admit(probe) = admission.admit(retry, now) else { panic!() };
+//! assert!(matches!(admission.admit(host, retry, now), Admission::Admit(_)));
+//! // The bucket is empty: the next one waits instead of failing…
+//! assert!(matches!(admission.admit(host, retry, now), Admission::Wait(_)));
+//! // …until a probe is due, 250 ms after the bucket ran dry.
+//! let then = now + Duration::from_millis(250);
+//! let Admission::Admit(probe) = admission.admit(host, retry, then) else { panic!() };
 //! assert!(probe.is_probe());
-//! // …and the one after that waits instead of failing.
-//! assert!(matches!(admission.admit(retry, now), Admission::Wait(_)));
+//! // Another host is not held back by this one's empty bucket.
+//! let other = Partition::named("another host");
+//! assert!(matches!(admission.admit(other, retry, then), Admission::Admit(_)));
 //! // The probe succeeded: evidence of recovery releases waiting retries,
 //! // paced (10 per second, growing while they succeed).
-//! admission.record(AttemptRecord::new(2, Some(probe), AttemptResult::Success), now);
-//! let later = now + Duration::from_millis(100);
-//! assert!(matches!(admission.admit(retry, later), Admission::Admit(_)));
+//! admission.record(host, AttemptRecord::new(2, Some(probe), AttemptResult::Success), then);
+//! let later = then + Duration::from_millis(100);
+//! assert!(matches!(admission.admit(host, retry, later), Admission::Admit(_)));
 //! ```
 //!
 //! # Why admission and not only a maximum of attempts
@@ -46,50 +51,70 @@
 //! of them fails. The default, [`AdaptiveAdmission`], makes such a retry
 //! *wait* instead (bounded by its deadline), sends probes at a floor rate
 //! while the failures continue, and releases the waiting retries at a rate
-//! that grows while retries succeed (slow start) and halves when they fail. First attempts are never held back.
+//! that grows while retries succeed (slow start) and halves when they
+//! fail. First attempts are never held back.
+//!
+//! # Why per host
+//!
+//! One client calls many hosts (reqwest's advice is to build one and reuse
+//! it), but failure is per host. With one budget per client, a dead host
+//! drains the tokens a healthy host's retries need, and a healthy host's
+//! successes reset the dead host's probe back-off. Every strategy here
+//! therefore keeps its state per [`Partition`]: the request's scheme, host
+//! and port by default, or a key of the caller's choosing
+//! ([`crate::RequestOptions::partition`]). The table of hosts is bounded
+//! ([`AdaptiveConfig::max_partitions`]); idle hosts are dropped first.
 //!
 //! # Writing your own
 //!
-//! [`RetryAdmission`] is object-safe; a circuit breaker or hedged requests
-//! can share one instance with the retry loop through
-//! `RetryPolicyBuilder::shared_admission`.
+//! [`RetryAdmission`] is object-safe; hedged requests can share one
+//! instance with the retry loop through
+//! `RetryPolicyBuilder::shared_admission`. The circuit breaker is built in
+//! (`RetryPolicyBuilder::circuit_breaker`, [`CircuitBreakerConfig`]).
 
 use std::fmt;
 use std::time::{Duration, Instant};
 
 mod adaptive;
+mod breaker;
+mod partition;
 mod token_bucket;
 
 pub use adaptive::{AdaptiveAdmission, AdaptiveConfig};
+pub(crate) use breaker::CircuitBreaker;
+pub use breaker::CircuitBreakerConfig;
+pub use partition::Partition;
 pub use token_bucket::{TokenBucket, TokenBucketConfig};
 
 /// Decides, for every clone of a client, whether a retry may go out now.
 ///
-/// The engine calls [`RetryAdmission::first_attempt`] when a logical
-/// operation starts, [`RetryAdmission::admit`] when a retry has slept its
-/// backoff and is about to be sent, and [`RetryAdmission::record`] after
-/// every attempt. Time comes from the policy's clock, so an implementation
+/// Every call names the [`Partition`] (by default the host) it is made
+/// for; an implementation keeps its state per partition, or ignores it to
+/// decide for the whole client. The engine calls
+/// [`RetryAdmission::first_attempt`] when a logical operation starts,
+/// [`RetryAdmission::admit`] when a retry has slept its backoff and is
+/// about to be sent, and [`RetryAdmission::record`] after every attempt. Time comes from the policy's clock, so an implementation
 /// is tested with a [`crate::ManualClock`] and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
     /// held back; this only lets the admission count traffic.
-    fn first_attempt(&self, now: Instant);
+    fn first_attempt(&self, partition: Partition, now: Instant);
 
     /// Whether a retry of this kind could be admitted at all, asked before
     /// the backoff sleep so that a strategy that fails fast fails before
     /// sleeping. Nothing is spent. The default says yes.
-    fn may_admit(&self, kind: RetryKind) -> bool {
-        let _ = kind;
+    fn may_admit(&self, partition: Partition, kind: RetryKind) -> bool {
+        let _ = (partition, kind);
         true
     }
 
     /// May this retry be sent now? Called after the backoff sleep, so a
     /// retry is counted when it is sent, not when it starts sleeping.
-    fn admit(&self, retry: RetryRequest, now: Instant) -> Admission;
+    fn admit(&self, partition: Partition, retry: RetryRequest, now: Instant) -> Admission;
 
     /// How an attempt ended, with the grant it was sent under (`None` for a
     /// first attempt).
-    fn record(&self, attempt: AttemptRecord, now: Instant);
+    fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant);
 }
 
 /// What kind of failure a retry follows; strategies may price them
@@ -123,7 +148,8 @@ impl RetryRequest {
         self.kind
     }
 
-    /// How long it has waited for admission so far.
+    /// How long it has waited for admission so far: the time elapsed since
+    /// it first asked, not the sum of the waits it was told.
     pub fn waited(&self) -> Duration {
         self.waited
     }
@@ -240,11 +266,11 @@ impl AttemptRecord {
 pub struct NoAdmission;
 
 impl RetryAdmission for NoAdmission {
-    fn first_attempt(&self, _now: Instant) {}
+    fn first_attempt(&self, _partition: Partition, _now: Instant) {}
 
-    fn admit(&self, _retry: RetryRequest, _now: Instant) -> Admission {
+    fn admit(&self, _partition: Partition, _retry: RetryRequest, _now: Instant) -> Admission {
         Admission::Admit(Grant::new(GrantSource::Free, 0.0))
     }
 
-    fn record(&self, _attempt: AttemptRecord, _now: Instant) {}
+    fn record(&self, _partition: Partition, _attempt: AttemptRecord, _now: Instant) {}
 }

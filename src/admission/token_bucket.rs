@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::{
-    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryKind,
-    RetryRequest,
+    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, Partition, RetryAdmission,
+    RetryKind, RetryRequest,
 };
 use crate::error::ConfigError;
 
@@ -69,6 +69,10 @@ pub(crate) fn to_milli(setting: &'static str, v: f64) -> Result<u64, ConfigError
 }
 
 /// A thread-safe token bucket that fails fast; cheap (one atomic).
+///
+/// It is one quota for the whole client, whatever the partition, as the
+/// AWS SDKs' retry quota is: choose the adaptive admission to keep one
+/// host's outage from spending another host's retries.
 ///
 /// ```
 /// use reqwest_safe_retry::{TokenBucket, TokenBucketConfig};
@@ -196,15 +200,15 @@ impl TokenBucket {
 }
 
 impl RetryAdmission for TokenBucket {
-    fn first_attempt(&self, _now: Instant) {
+    fn first_attempt(&self, _partition: Partition, _now: Instant) {
         self.add(self.first_attempt_deposit);
     }
 
-    fn may_admit(&self, kind: RetryKind) -> bool {
+    fn may_admit(&self, _partition: Partition, kind: RetryKind) -> bool {
         self.balance.load(Ordering::Acquire) >= self.cost(kind)
     }
 
-    fn admit(&self, retry: RetryRequest, _now: Instant) -> Admission {
+    fn admit(&self, _partition: Partition, retry: RetryRequest, _now: Instant) -> Admission {
         let cost = self.cost(retry.kind());
         if self.take(cost) {
             Admission::Admit(Grant::new(GrantSource::Token, cost as f64 / SCALE))
@@ -213,7 +217,7 @@ impl RetryAdmission for TokenBucket {
         }
     }
 
-    fn record(&self, attempt: AttemptRecord, _now: Instant) {
+    fn record(&self, _partition: Partition, attempt: AttemptRecord, _now: Instant) {
         if attempt.result() != AttemptResult::Success {
             return;
         }
@@ -275,7 +279,7 @@ mod tests {
     fn deposits_stop_at_capacity() {
         let b = bucket(1.0, 0.4);
         for _ in 0..10 {
-            b.first_attempt(Instant::now());
+            b.first_attempt(Partition::SINGLE, Instant::now());
         }
         assert_eq!(b.balance(), 1.0);
     }
@@ -290,9 +294,15 @@ mod tests {
         })
         .unwrap();
         let now = Instant::now();
-        let ask = |kind| b.admit(RetryRequest::new(kind, Duration::ZERO), now);
+        let ask = |kind| {
+            b.admit(
+                Partition::SINGLE,
+                RetryRequest::new(kind, Duration::ZERO),
+                now,
+            )
+        };
         assert!(matches!(ask(RetryKind::Timeout), Admission::Admit(_)));
-        assert!(!b.may_admit(RetryKind::Timeout));
+        assert!(!b.may_admit(Partition::SINGLE, RetryKind::Timeout));
         assert_eq!(ask(RetryKind::Timeout), Admission::Refuse);
         assert!(matches!(ask(RetryKind::Throttled), Admission::Admit(_)));
         assert_eq!(ask(RetryKind::Transient), Admission::Refuse);

@@ -1,0 +1,92 @@
+//! The circuit breaker, through the middleware: while a host keeps failing,
+//! first attempts are refused locally, at once, with their own stop reason;
+//! other hosts, a blip and a quiet process are never refused.
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest_safe_retry::{
+    CircuitBreakerConfig, ManualClock, ReportSlot, RetryError, RetryPolicy, StopReason,
+};
+use support::{client, ms, policy};
+
+fn with_breaker(clock: &ManualClock) -> RetryPolicy {
+    policy(clock)
+        .max_attempts(1)
+        .circuit_breaker(CircuitBreakerConfig::default())
+        .build()
+        .unwrap()
+}
+
+/// Sends one GET to `url` every 10 ms of the manual clock for `span`;
+/// returns (offered, refused by the breaker).
+async fn offer(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    clock: &ManualClock,
+    url: &str,
+    span: Duration,
+) -> (u32, u32) {
+    let (mut offered, mut refused) = (0, 0);
+    let end = clock.elapsed() + span;
+    while clock.elapsed() < end {
+        offered += 1;
+        let slot = ReportSlot::new();
+        let result = client.get(url).with_extension(slot.clone()).send().await;
+        let report = slot.take().unwrap();
+        if report.stop_reason() == StopReason::CircuitOpen {
+            refused += 1;
+            assert_eq!(report.attempts(), 0);
+            assert_eq!(report.elapsed(), Duration::ZERO);
+            let err = result.unwrap_err();
+            let retry_error = RetryError::from_middleware(&err).unwrap();
+            assert_eq!(retry_error.report().stop_reason(), StopReason::CircuitOpen);
+        }
+        clock.advance(ms(10));
+    }
+    (offered, refused)
+}
+
+#[tokio::test]
+async fn a_dead_host_is_refused_locally_and_the_others_are_not() {
+    let dead = support::answering(503).await;
+    let healthy = support::answering(200).await;
+    let clock = ManualClock::new();
+    let (client, _) = client(with_breaker(&clock));
+    // The first two seconds of the outage go to the host.
+    let (_, refused) = offer(&client, &clock, &dead.uri(), Duration::from_secs(2)).await;
+    assert_eq!(refused, 0);
+    // Then at most a fifth of the calls do.
+    let (offered, refused) = offer(&client, &clock, &dead.uri(), Duration::from_secs(8)).await;
+    assert!(
+        f64::from(offered - refused) <= 0.2 * f64::from(offered),
+        "{refused} of {offered} refused"
+    );
+    let arrived = dead.received_requests().await.unwrap().len();
+    assert_eq!(arrived as u32, 200 + offered - refused);
+    // The healthy host, on the same client, is never refused.
+    let (_, refused) = offer(&client, &clock, &healthy.uri(), Duration::from_secs(2)).await;
+    assert_eq!(refused, 0);
+}
+
+#[tokio::test]
+async fn a_quiet_process_is_never_refused() {
+    let dead = support::answering(503).await;
+    let clock = ManualClock::new();
+    let (client, _) = client(with_breaker(&clock));
+    for _ in 0..120 {
+        let response = client.get(dead.uri()).send().await.unwrap();
+        assert_eq!(response.status(), 503);
+        clock.advance(Duration::from_secs(1));
+    }
+}
+
+#[tokio::test]
+async fn without_the_breaker_nothing_is_refused() {
+    let dead = support::answering(503).await;
+    let clock = ManualClock::new();
+    let (client, _) = client(policy(&clock).max_attempts(1).build().unwrap());
+    let (offered, refused) = offer(&client, &clock, &dead.uri(), Duration::from_secs(5)).await;
+    assert_eq!(refused, 0);
+    assert_eq!(offered, 500);
+}
