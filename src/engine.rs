@@ -620,7 +620,7 @@ impl<'p> Run<'p> {
     pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
         let mut report = std::mem::replace(&mut self.report, RetryReport::new());
         report.stop_reason = reason;
-        crate::propagation::note_stop(reason);
+        crate::propagation::note_stop(reason, self.attempt);
         report.elapsed = now.saturating_duration_since(self.started);
         if self.traced {
             let span = tracing::Span::current();

@@ -120,8 +120,10 @@ impl Middleware for RetryMiddleware {
             .unwrap_or_else(|| Partition::of_url(request.url()));
         if let Some(breaker) = &policy.breaker {
             if !breaker.allow(partition, policy.clock.now()) {
-                // Refused locally and at once: no attempt, no retry.
+                // Refused locally and at once: no attempt, no retry; a
+                // handler's inbound layer answers its caller "do not retry".
                 policy.metrics.circuit_refused();
+                crate::propagation::note_stop(StopReason::CircuitOpen, 0);
                 let mut report = RetryReport::new();
                 report.attempts = 0;
                 report.stop_reason = StopReason::CircuitOpen;
@@ -257,7 +259,7 @@ impl Attempt for HttpAttempts<'_> {
                 let name = self.judge.policy.settings.key_header.clone();
                 request.headers_mut().insert(name, value.clone());
             }
-            stamp_headers(self.judge.policy, &mut request, &ctx);
+            stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
             let method = request.method().clone();
             let response = self.next.clone().run(request, self.extensions);
             (method, cloneable, response)
@@ -366,18 +368,32 @@ impl Judge<'_> {
 }
 
 /// Sends the attempt number and the time left downstream, when asked to.
-fn stamp_headers(policy: &RetryPolicy, request: &mut Request, ctx: &AttemptContext) {
+/// The time left is what this attempt is waited for (`waited`: the
+/// attempt's timeout, which is the call's time left or less), not the
+/// whole call's: past it this attempt is abandoned, so work on it is work
+/// nobody waits for. A value the request already carries that is smaller
+/// (an application passing on its caller's) is kept.
+fn stamp_headers(
+    policy: &RetryPolicy,
+    request: &mut Request,
+    ctx: &AttemptContext,
+    waited: Option<std::time::Duration>,
+) {
     let settings = &policy.settings;
     if let Some(name) = &settings.attempt_header {
         request
             .headers_mut()
             .insert(name.clone(), HeaderValue::from(ctx.attempt()));
     }
-    if let (Some(name), Some(left)) = (&settings.deadline_header, ctx.time_left()) {
-        let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        request
-            .headers_mut()
-            .insert(name.clone(), HeaderValue::from(ms));
+    if let (Some(name), Some(_), Some(left)) = (&settings.deadline_header, ctx.time_left(), waited)
+    {
+        let carried = crate::propagation::time_left_in(request.headers(), name);
+        if carried.is_none_or(|carried| left < carried) {
+            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            request
+                .headers_mut()
+                .insert(name.clone(), HeaderValue::from(ms));
+        }
     }
 }
 

@@ -180,24 +180,42 @@ pub(crate) fn bound(limits: Limits) -> Limits {
     }
 }
 
-/// Notes, in the current scope, how a call ended: a call that did not
-/// succeed is what lets the layer answer "do not retry".
-pub(crate) fn note_stop(reason: StopReason) {
-    if reason != StopReason::Success {
+/// Notes, in the current scope, how a call ended, when it ended because
+/// retrying was spent or refused here: that is what lets the layer answer
+/// "do not retry" (this hop already retried, or was told not to). A call
+/// that failed for good without retrying (a permanent answer, a request
+/// that may not be repeated) or made one attempt only (a hop configured
+/// not to retry) notes nothing: its failure says nothing about whether the
+/// caller should retry.
+pub(crate) fn note_stop(reason: StopReason, attempts: u32) {
+    let gave_up = match reason {
+        StopReason::Deadline
+        | StopReason::BudgetExhausted
+        | StopReason::RetryAfterTooLong
+        | StopReason::ServerSaidNo
+        | StopReason::CircuitOpen => true,
+        StopReason::AttemptsExhausted => attempts > 1,
+        _ => false,
+    };
+    if gave_up {
         let _ = INHERITED.try_with(|s| *lock(&s.gave_up) = Some(reason));
     }
 }
 
 /// The time left a request carries in `name`: whole milliseconds, ASCII
-/// digits only. Several values: the smallest. A malformed value (empty,
+/// digits only. Several values (several lines, or one folded with
+/// commas): the smallest. A malformed value (empty,
 /// signed, fractional, not a number) is ignored, as if absent; one too
 /// large for a `u64` is the largest.
 pub(crate) fn time_left_in(headers: &HeaderMap, name: &http::HeaderName) -> Option<Duration> {
     headers
         .get_all(name)
         .iter()
-        .filter_map(|value| {
-            let text = value.to_str().ok()?.trim_matches([' ', '\t']);
+        .filter_map(|value| value.to_str().ok())
+        // Lines folded into one with commas (RFC 9110 §5.3) count apart.
+        .flat_map(|line| line.split(','))
+        .filter_map(|text| {
+            let text = text.trim_matches([' ', '\t']);
             if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
             }
@@ -238,6 +256,8 @@ mod tests {
             read(&["900", "bad", "300"]),
             Some(Duration::from_millis(300))
         );
+        // The same lines folded into one with commas.
+        assert_eq!(read(&["900, bad,300"]), Some(Duration::from_millis(300)));
     }
 
     #[test]
@@ -249,7 +269,37 @@ mod tests {
             attempt_timeout: None,
         };
         assert_eq!(bound(limits).deadline, Some(Duration::from_secs(30)));
-        note_stop(StopReason::Deadline); // no scope: nowhere to note it, no panic
+        note_stop(StopReason::Deadline, 1); // no scope: nowhere to note it, no panic
+    }
+
+    /// Only a call that spent or was refused its retries lets the layer
+    /// say "do not retry": not a permanent answer (a lookup's expected
+    /// 404), not a request that may not be repeated, not a hop that made
+    /// one attempt only.
+    #[tokio::test(start_paused = true)]
+    async fn only_spent_retries_are_noted() {
+        let noted = |reason, attempts| async move {
+            let scope = InheritedDeadline::after(Duration::from_secs(1));
+            scope
+                .clone()
+                .scope(async move {
+                    note_stop(reason, attempts);
+                    InheritedDeadline::current().and_then(|s| s.gave_up())
+                })
+                .await
+        };
+        assert_eq!(noted(StopReason::Permanent, 1).await, None);
+        assert_eq!(noted(StopReason::NotIdempotent, 1).await, None);
+        assert_eq!(noted(StopReason::Success, 2).await, None);
+        assert_eq!(noted(StopReason::AttemptsExhausted, 1).await, None);
+        assert_eq!(
+            noted(StopReason::AttemptsExhausted, 3).await,
+            Some(StopReason::AttemptsExhausted)
+        );
+        assert_eq!(
+            noted(StopReason::Deadline, 1).await,
+            Some(StopReason::Deadline)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -261,7 +311,7 @@ mod tests {
                 let inner = InheritedDeadline::after(Duration::from_secs(10));
                 inner
                     .scope(async {
-                        note_stop(StopReason::BudgetExhausted);
+                        note_stop(StopReason::BudgetExhausted, 2);
                         InheritedDeadline::current().unwrap().time_left()
                     })
                     .await

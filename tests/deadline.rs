@@ -158,6 +158,51 @@ async fn by_default_the_time_left_is_sent_and_the_attempt_number_is_not() {
     }
 }
 
+/// The header says how long this attempt is waited for: with an attempt
+/// timeout shorter than the time left, or the caller's own shorter request
+/// timeout, that, not the whole call's time (past it the attempt is
+/// abandoned and another sent); a smaller value the request already
+/// carries is kept.
+#[tokio::test]
+async fn the_header_is_what_this_attempt_is_waited_for() {
+    let server = always_503().await;
+    let clock = ManualClock::new();
+    let p = policy(&clock)
+        .backoff(ms(250), ms(250))
+        .jitter(Jitter::None)
+        .deadline(ms(30_000))
+        .attempt_timeout(ms(1_000))
+        .build()
+        .unwrap();
+    let (c, _) = client(p);
+    c.get(server.uri()).send().await.unwrap();
+    c.get(server.uri()).timeout(ms(400)).send().await.unwrap();
+    c.get(server.uri())
+        .header("request-timeout-ms", "300")
+        .send()
+        .await
+        .unwrap();
+    c.get(server.uri())
+        .header("request-timeout-ms", "9000")
+        .send()
+        .await
+        .unwrap();
+    let received = server.received_requests().await.unwrap();
+    let left: Vec<_> = received
+        .iter()
+        .map(|r| r.headers["request-timeout-ms"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        left,
+        [
+            "1000", "1000", "1000", // the attempt timeout
+            "400", "400", "400", // the caller's request timeout
+            "300", "300", "300", // the caller's own, smaller value
+            "1000", "1000", "1000", // a larger one is replaced
+        ]
+    );
+}
+
 #[tokio::test]
 async fn no_deadline_header_sends_none_and_no_deadline_has_none_to_send() {
     let server = always_503().await;
