@@ -124,15 +124,7 @@ async fn claim_k(store: &PostgresStore) -> tower_idempotency::LeaseToken {
 async fn the_lease_pool_runs_the_main_pools_hooks() {
     use sqlx::Executor;
     let schema = tower_idempotency_test_name("tih_");
-    let admin = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
-    admin
-        .execute(format!("CREATE SCHEMA {schema}").as_str())
-        .await
-        .unwrap();
+    let admin = admin(&format!("CREATE SCHEMA {schema}")).await;
     let path = schema.clone();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
@@ -166,15 +158,7 @@ async fn an_extension_the_lease_pool_is_refused_goes_through_the_main_pool() {
     use sqlx::Executor;
     let role = tower_idempotency_test_name("tir_");
     let table = tower_idempotency_test_name("tit_");
-    let admin = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url())
-        .await
-        .unwrap();
-    admin
-        .execute(format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2").as_str())
-        .await
-        .unwrap();
+    let admin = admin(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2")).await;
     let setup = PostgresStore::new(admin.clone())
         .with_table(&table)
         .unwrap();
@@ -210,4 +194,17 @@ async fn an_extension_the_lease_pool_is_refused_goes_through_the_main_pool() {
 
 fn tower_idempotency_test_name(prefix: &str) -> String {
     support::unique(prefix)
+}
+
+/// A one-connection pool of the test database's own role, after running
+/// `setup` on it.
+async fn admin(setup: &str) -> sqlx::PgPool {
+    use sqlx::Executor;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url())
+        .await
+        .unwrap();
+    admin.execute(setup).await.unwrap();
+    admin
 }
