@@ -133,11 +133,6 @@ pub mod retry_after;
 mod runtime;
 mod safety;
 
-/// The README's examples compile as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;
-
 pub use reqwest;
 pub use reqwest_middleware;
 

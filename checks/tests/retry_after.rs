@@ -10,7 +10,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 #[test]
 fn every_form_in_the_fixture_parses_or_is_ignored() {
-    let table = include_str!("../fixtures/retry_after.tsv");
+    let table = include_str!("../../fixtures/retry_after.tsv");
     let date = "Sun, 06 Nov 1994 08:49:37 GMT";
     // The local clock is far off: only the Date header gives these results.
     let now = SystemTime::UNIX_EPOCH;

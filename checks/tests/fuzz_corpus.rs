@@ -3,7 +3,7 @@
 //! fuzzer found interesting stays a regression test in CI. Fuzzing itself
 //! needs nightly: see BENCHMARKS.md, "Has the parsing been fuzzed?".
 
-#[path = "../fuzz/checks.rs"]
+#[path = "../../fuzz/checks.rs"]
 mod checks;
 
 use std::path::Path;
@@ -11,7 +11,7 @@ use std::path::Path;
 /// Runs `check` on every file of the target's corpus; returns how many.
 fn replay(target: &str, check: fn(&[u8])) -> usize {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("../fuzz/corpus")
         .join(target);
     let mut inputs = 0;
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
