@@ -141,7 +141,11 @@ fn every_rust_block_in_both_readmes_and_front_pages_compiles_as_pasted() {
     // Each of these is compiled by `cargo test --doc`: the READMEs through
     // the `ReadmeDoctests` items below, the front pages as crate docs.
     for (crate_root, source, readme) in [
-        ("checks/src/lib.rs", include_str!("../src/lib.rs"), "../../README.md"),
+        (
+            "checks/src/lib.rs",
+            include_str!("../src/lib.rs"),
+            "../../README.md",
+        ),
         (
             "tower-idempotency/src/lib.rs",
             include_str!("../../tower-idempotency/src/lib.rs"),
