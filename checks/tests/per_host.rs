@@ -627,3 +627,69 @@ fn a_blips_waiting_retries_are_all_released_soon_after_it() {
     eprintln!("all released by {:?}", last - t0);
     assert!(last - t0 <= Duration::from_secs(3), "{:?}", last - t0);
 }
+
+/// Each dry spell's first probe waits the probe interval, not only the
+/// first spell's: after the host recovered and the bucket refilled, the
+/// next time it runs dry the probe does not go at once.
+#[test]
+fn every_dry_spell_probes_after_the_interval() {
+    let a = small(1.0);
+    let p = b();
+    let t0 = Instant::now();
+    assert_eq!(source(a.admit(p, RETRY, t0)), Some(GrantSource::Token));
+    assert!(matches!(a.admit(p, RETRY, t0), Admission::Wait(_)));
+    let probe = a.admit(p, RETRY, t0 + ms(250));
+    assert_eq!(source(probe), Some(GrantSource::Probe));
+    let Admission::Admit(grant) = probe else {
+        unreachable!()
+    };
+    a.record(
+        p,
+        AttemptRecord::new(2, Some(grant), AttemptResult::Success),
+        t0 + ms(260),
+    );
+    // An hour of healthy first attempts refills the bucket.
+    let t1 = t0 + Duration::from_secs(3600);
+    for _ in 0..100 {
+        a.first_attempt(p, t1);
+    }
+    assert_eq!(source(a.admit(p, RETRY, t1)), Some(GrantSource::Token));
+    // Dry again: the next retry waits; the probe goes 250 ms later.
+    let next = a.admit(p, RETRY, t1);
+    assert!(matches!(next, Admission::Wait(_)), "{next:?} at once");
+    assert_eq!(
+        source(a.admit(p, RETRY, t1 + ms(250))),
+        Some(GrantSource::Probe)
+    );
+}
+
+/// A probe whose caller dropped it never reports: with an unbounded
+/// admission wait its slot is still freed (within 30 s), so the host is
+/// probed again.
+#[test]
+fn a_lost_probe_frees_its_slot_even_with_an_unbounded_wait() {
+    let a = adaptive(AdaptiveConfig {
+        capacity: 1.0,
+        max_admission_wait: Duration::MAX,
+        ..AdaptiveConfig::default()
+    });
+    let p = b();
+    let t0 = Instant::now();
+    assert_eq!(source(a.admit(p, RETRY, t0)), Some(GrantSource::Token));
+    assert!(matches!(a.admit(p, RETRY, t0), Admission::Wait(_)));
+    assert_eq!(
+        source(a.admit(p, RETRY, t0 + ms(250))),
+        Some(GrantSource::Probe)
+    );
+    // The probe's caller went away: nothing is recorded. A day later the
+    // host is probed again.
+    let later = t0 + Duration::from_secs(24 * 3600);
+    let mut probed = false;
+    for i in 0..10 {
+        if source(a.admit(p, RETRY, later + ms(i * 100))) == Some(GrantSource::Probe) {
+            probed = true;
+            break;
+        }
+    }
+    assert!(probed, "the host was never probed again");
+}

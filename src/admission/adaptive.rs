@@ -390,6 +390,10 @@ impl AdaptiveAdmission {
     }
 }
 
+/// The longest a probe whose caller never reported holds its host's one
+/// probe slot.
+const PROBE_LEASE: Duration = Duration::from_secs(30);
+
 impl RetryAdmission for AdaptiveAdmission {
     fn first_attempt(&self, partition: Partition, now: Instant) {
         self.host(partition, now, |h| {
@@ -405,14 +409,21 @@ impl RetryAdmission for AdaptiveAdmission {
             h.deposit(c);
             h.refill(now, c.poll_interval);
             h.prune_waiters(now, stale);
-            // The floor rate starts when the bucket runs dry.
+            // The floor rate starts when the bucket runs dry, each time it
+            // does: a bucket with tokens again (the host recovered, and
+            // first attempts refilled it) disarms the probe, so the next
+            // dry spell's first probe also waits its interval.
             let dry = h.tokens < c.retry_cost && h.allowance < 1.0;
-            if dry && h.next_probe == Due::Unarmed {
+            if h.tokens >= c.retry_cost {
+                h.next_probe = Due::Unarmed;
+            } else if dry && h.next_probe == Due::Unarmed {
                 h.next_probe = after(now, h.probe_interval);
             }
             // A probe presumed lost (its caller dropped it before it
-            // reported) frees its place after the longest wait.
-            let lease = c.max_admission_wait.max(h.probe_interval);
+            // reported) frees its place after the longest wait, at most
+            // PROBE_LEASE (an unbounded wait must not stop probing for
+            // good), and never before the probe interval.
+            let lease = c.max_admission_wait.min(PROBE_LEASE).max(h.probe_interval);
             let in_flight = h
                 .probe_in_flight
                 .is_some_and(|sent| now.saturating_duration_since(sent) < lease);

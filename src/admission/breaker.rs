@@ -25,10 +25,14 @@
 //! - a quiet process is never refused: nothing is refused while the window
 //!   holds fewer than `min_requests` requests;
 //! - a blip is never refused: nothing is refused until the host has been
-//!   failing for `min_failing`, and only while the attempts sent in the
-//!   last fifth of the window (two seconds by default) still fail more
-//!   than `1 − 1/K` of the time. Refused calls are not attempts: the first
-//!   success after a host comes back lets every call through again.
+//!   failing for `min_failing`, and only while the attempts that ended in
+//!   the last fifth of the window (two seconds by default) still fail more
+//!   than `1 − 1/K` of the time, or none ended there (the calls let
+//!   through hang until their timeout, or all were refused: the last
+//!   evidence stands). A failure older than the whole window is
+//!   forgotten. Refused calls are not attempts: the first success after a
+//!   host comes back lets every call through again. An attempt timeout
+//!   longer than the window weakens the breaker against a host that hangs.
 //!
 //! Refusals are spread out, not drawn at random: each call adds
 //! `1 − probability` to a credit and goes out when the credit reaches one,
@@ -176,11 +180,22 @@ impl CircuitBreaker {
         let k = c.accept_multiplier;
         self.hosts.with(partition, now, Host::default, |h| {
             let window = h.counts(epoch, BUCKETS as u64);
+            if window.sent == 0 {
+                // No attempt ended in the whole window: a failure from
+                // before it says nothing of now (a blip after an hour of
+                // quiet is a new blip, not the old outage going on).
+                h.failing_since = None;
+            }
             let requests = window.sent.saturating_add(window.refused);
+            // The recent attempts still fail, or none has ended lately:
+            // the calls let through are still out (a host that hangs until
+            // the attempt's timeout) or were all refused, so the last
+            // evidence stands.
+            let recent = h.counts(epoch, RECENT);
             let failing_long = h
                 .failing_since
                 .is_some_and(|since| now.saturating_duration_since(since) >= c.min_failing)
-                && h.counts(epoch, RECENT).failing(k);
+                && (recent.sent == 0 || recent.failing(k));
             let p =
                 (f64::from(requests) - k * f64::from(window.accepts)) / (f64::from(requests) + 1.0);
             if requests < c.min_requests || !failing_long || p <= 0.0 {
@@ -308,6 +323,57 @@ mod tests {
             f64::from(sent) <= 0.2 * f64::from(offered),
             "{sent} of {offered}"
         );
+    }
+
+    /// A host that hangs: each attempt fails only when its timeout ends,
+    /// so for a while no attempt ends at all. It is held to the same fifth
+    /// as a host that fails fast (it got 0.25 to 0.54 of the calls when
+    /// "no attempt ended lately" counted as "not failing").
+    #[test]
+    fn a_hanging_host_is_held_to_a_fifth() {
+        for timeout in [500u64, 1_000, 3_000, 5_000] {
+            let t0 = Instant::now();
+            let b = breaker(t0);
+            let mut pending = std::collections::VecDeque::new();
+            let (mut offered, mut sent) = (0u32, 0u32);
+            for i in 0..3_000u64 {
+                let now = t0 + ms(i * 10);
+                while pending.front().is_some_and(|&end| end <= now) {
+                    let end = pending.pop_front().unwrap();
+                    b.record(P, false, end);
+                }
+                let allowed = b.allow(P, now);
+                if allowed {
+                    pending.push_back(now + ms(timeout));
+                }
+                if now >= t0 + Duration::from_secs(2) + ms(timeout) {
+                    offered += 1;
+                    sent += u32::from(allowed);
+                }
+            }
+            assert!(
+                f64::from(sent) <= 0.2 * f64::from(offered),
+                "timeout {timeout} ms: {sent} of {offered}"
+            );
+        }
+    }
+
+    /// One failed call, an hour of quiet, then a blip: the old failure is
+    /// forgotten, and the blip is not refused (378 of its 400 calls were).
+    #[test]
+    fn a_blip_after_an_old_failure_is_never_refused() {
+        let t0 = Instant::now();
+        let b = breaker(t0);
+        assert!(b.allow(P, t0));
+        b.record(P, false, t0);
+        let (offered, sent) = offer(
+            &b,
+            t0 + Duration::from_secs(3600),
+            Duration::from_secs(1),
+            ms(2) + Duration::from_micros(500),
+            |_| false,
+        );
+        assert_eq!(sent, offered);
     }
 
     #[test]
