@@ -65,7 +65,8 @@ pub struct AdaptiveConfig {
     /// multiple of 16, and at least 16); each costs about 200 bytes, plus
     /// 48 bytes per retry waiting on it. When the table is
     /// full, hosts idle past `partition_idle_expiry` are dropped first, and
-    /// else the least recently used. Default 10 000 (about 2 MB).
+    /// else the least recently used. Default 10 000 (about 3 MB: the
+    /// table rounds its buckets up to a power of two).
     pub max_partitions: usize,
     /// A host unused for this long is the first dropped when room is
     /// needed; a dropped host starts again fresh. Default 5 minutes.
