@@ -129,6 +129,7 @@ mod options;
 mod policy;
 mod propagation;
 mod report;
+pub mod rate_limit;
 pub mod retry_after;
 mod runtime;
 mod safety;
