@@ -151,6 +151,10 @@ fn integer(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// A member's parameters: each key, with its value when that is a
+/// non-negative integer.
+type Params<'a> = Vec<(&'a str, Option<u64>)>;
+
 /// The value of parameter `key`, when it is a non-negative integer.
 fn param(params: &[(&str, Option<u64>)], key: &str) -> Option<u64> {
     params.iter().find(|(k, _)| *k == key).and_then(|(_, v)| *v)
@@ -159,7 +163,7 @@ fn param(params: &[(&str, Option<u64>)], key: &str) -> Option<u64> {
 /// An RFC 9651 list whose members are items (a string or a token) with
 /// parameters: each member's parameters, with integer values read and any
 /// other bare item as `None`. `None` when the field does not parse.
-fn parse_list(field: &str) -> Option<Vec<Vec<(&str, Option<u64>)>>> {
+fn parse_list(field: &str) -> Option<Vec<Params<'_>>> {
     let mut members = Vec::new();
     let mut rest = field.trim_matches([' ', '\t']);
     if rest.is_empty() {
@@ -180,7 +184,7 @@ fn parse_list(field: &str) -> Option<Vec<Vec<(&str, Option<u64>)>>> {
 }
 
 /// One list member: a bare item and its parameters.
-fn member(s: &str) -> Option<(Vec<(&str, Option<u64>)>, &str)> {
+fn member(s: &str) -> Option<(Params<'_>, &str)> {
     let (_, mut rest) = bare_item(s)?;
     let mut params = Vec::new();
     while let Some(after) = rest.strip_prefix(';') {
