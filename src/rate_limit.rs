@@ -281,7 +281,10 @@ mod tests {
             );
         }
         // Sun, 06 Nov 1994 08:49:37 GMT
-        from_headers(&h, SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777))
+        from_headers(
+            &h,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777),
+        )
     }
 
     fn secs(n: u64) -> Option<Duration> {
@@ -301,8 +304,14 @@ mod tests {
         assert_eq!(got.quota_rate(), Some(100.0 / 60.0));
         // Several policies: the tightest wins.
         let got = read(&[
-            ("ratelimit", r#""burst";r=0;t=1, "day";r=0;t=3600, "x";r=7;t=9"#),
-            ("ratelimit-policy", r#""burst";q=10;w=1, "day";q=1000;w=86400"#),
+            (
+                "ratelimit",
+                r#""burst";r=0;t=1, "day";r=0;t=3600, "x";r=7;t=9"#,
+            ),
+            (
+                "ratelimit-policy",
+                r#""burst";q=10;w=1, "day";q=1000;w=86400"#,
+            ),
         ])
         .unwrap();
         assert_eq!((got.remaining, got.reset), (Some(0), secs(3600)));
@@ -356,14 +365,20 @@ mod tests {
             assert!(got.is_none_or(|g| !g.exhausted()), "{value:?}: {got:?}");
         }
         for value in ["-1", "1.5", "soon", "99999999999999999999", " ", "0x10"] {
-            let got = read(&[("x-ratelimit-remaining", value), ("x-ratelimit-reset", value)]);
+            let got = read(&[
+                ("x-ratelimit-remaining", value),
+                ("x-ratelimit-reset", value),
+            ]);
             assert_eq!(got, None, "{value:?}");
         }
         // A negative or decimal parameter is not a count.
         let got = read(&[("ratelimit", "a;r=-1;t=2.5")]);
         assert_eq!(got, None);
         // Two copies that disagree are both ignored.
-        let got = read(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-remaining", "5")]);
+        let got = read(&[
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-remaining", "5"),
+        ]);
         assert_eq!(got, None);
         // The largest values never overflow.
         let got = read(&[("x-ratelimit-reset", "999999999999999")]).unwrap();

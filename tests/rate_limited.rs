@@ -1,0 +1,218 @@
+//! A burst against a rate-limited API: every call through, at the server's
+//! pace. An in-process leaky-bucket server (nginx's `limit_req` with no
+//! burst: one request per `1 / rate`, the rest 429) below the retry
+//! middleware, on tokio's paused clock: no sockets, no real sleeping.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::{
+    AdaptiveAdmission, AdaptiveConfig, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
+};
+use tokio::time::Instant;
+
+/// What the server answers when it throttles.
+#[derive(Debug, Clone, Copy)]
+enum Throttle {
+    /// 429 with `Retry-After: 1`.
+    RetryAfter,
+    /// A bare 429.
+    Bare,
+    /// 429 with `RateLimit: "default";r=0;t=<seconds until the next slot,
+    /// rounded up>` and `RateLimit-Policy: "default";q=<rate>;w=1`.
+    RateLimitFields,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    per_second: u32,
+    interval: Duration,
+    throttle: Throttle,
+    last_accept: Option<Instant>,
+    arrivals: usize,
+    accepted: usize,
+}
+
+/// A leaky bucket with no burst, answering in no time.
+#[derive(Debug, Clone)]
+struct LeakyBucket(Arc<Mutex<Bucket>>);
+
+impl LeakyBucket {
+    fn new(per_second: u32, throttle: Throttle) -> Self {
+        LeakyBucket(Arc::new(Mutex::new(Bucket {
+            per_second,
+            interval: Duration::from_secs(1) / per_second,
+            throttle,
+            last_accept: None,
+            arrivals: 0,
+            accepted: 0,
+        })))
+    }
+
+    fn arrivals(&self) -> usize {
+        self.0.lock().unwrap().arrivals
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for LeakyBucket {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let now = Instant::now();
+        let mut b = self.0.lock().unwrap();
+        b.arrivals += 1;
+        let free = b.last_accept.map_or(now, |last| last + b.interval);
+        let mut response = http::Response::builder();
+        if now >= free {
+            b.last_accept = Some(now);
+            b.accepted += 1;
+            response = response.status(200);
+        } else {
+            response = response.status(429);
+            match b.throttle {
+                Throttle::RetryAfter => response = response.header("retry-after", "1"),
+                Throttle::Bare => {}
+                Throttle::RateLimitFields => {
+                    let t = (free - now).as_secs_f64().ceil() as u64;
+                    response = response
+                        .header("ratelimit", format!("\"default\";r=0;t={t}"))
+                        .header(
+                            "ratelimit-policy",
+                            format!("\"default\";q={};w=1", b.per_second),
+                        );
+                }
+            }
+        }
+        Ok(Response::from(response.body(Vec::new()).unwrap()))
+    }
+}
+
+fn client(policy: RetryPolicy, server: &LeakyBucket) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .with(server.clone())
+        .build()
+}
+
+/// What a burst came to.
+#[derive(Debug)]
+struct Burst {
+    calls: usize,
+    succeeded: usize,
+    arrivals: usize,
+    /// When each call ended, from the start of the burst, sorted.
+    ended: Vec<Duration>,
+    /// Calls that waited for the server's rate, and the longest wait.
+    waited: usize,
+    longest_wait: Duration,
+}
+
+impl Burst {
+    fn load(&self) -> f64 {
+        self.arrivals as f64 / self.calls as f64
+    }
+
+    fn within(&self, limit: Duration) -> usize {
+        self.ended.iter().filter(|e| **e <= limit).count()
+    }
+}
+
+/// `calls` GETs at once through one client against `server`.
+async fn burst(calls: usize, policy: RetryPolicy, server: &LeakyBucket) -> Burst {
+    let client = client(policy, server);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..calls {
+        let client = client.clone();
+        set.spawn(async move {
+            let response = client
+                .get(format!("http://api.example/items/{i}"))
+                .send()
+                .await
+                .unwrap();
+            let report = response.retry_report().unwrap().clone();
+            (response.status().as_u16(), report, start.elapsed())
+        });
+    }
+    let mut out = Burst {
+        calls,
+        succeeded: 0,
+        arrivals: 0,
+        ended: Vec::new(),
+        waited: 0,
+        longest_wait: Duration::ZERO,
+    };
+    while let Some(joined) = set.join_next().await {
+        let (status, report, ended) = joined.unwrap();
+        if status == 200 {
+            assert_eq!(report.stop_reason(), StopReason::Success);
+            out.succeeded += 1;
+        }
+        if report.waited_for_rate_limit() {
+            out.waited += 1;
+        }
+        out.longest_wait = out.longest_wait.max(report.rate_limit_wait());
+        out.ended.push(ended);
+    }
+    out.ended.sort();
+    out.arrivals = server.arrivals();
+    out
+}
+
+fn seeded() -> RetryPolicy {
+    RetryPolicy::builder().seed(7).build().unwrap()
+}
+
+async fn twenty_calls_at_five_per_second(throttle: Throttle) -> Burst {
+    let server = LeakyBucket::new(5, throttle);
+    let b = burst(20, seeded(), &server).await;
+    println!("{throttle:?}: {b:?}, load {:.2}×", b.load());
+    assert_eq!(b.succeeded, 20, "{b:?}");
+    assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
+    assert!(b.ended[19] <= Duration::from_secs(6), "{b:?}");
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_at_five_per_second_with_retry_after_all_get_through() {
+    let b = twenty_calls_at_five_per_second(Throttle::RetryAfter).await;
+    assert!(
+        b.waited >= 15,
+        "the burst waited for the server's rate: {b:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_at_five_per_second_without_retry_after_all_get_through() {
+    twenty_calls_at_five_per_second(Throttle::Bare).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_against_a_spent_quota_wait_for_its_reset() {
+    twenty_calls_at_five_per_second(Throttle::RateLimitFields).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_hundred_calls_at_twenty_per_second_take_near_the_ideal_time() {
+    for throttle in [Throttle::RetryAfter, Throttle::Bare] {
+        let server = LeakyBucket::new(20, throttle);
+        let b = burst(200, seeded(), &server).await;
+        // Ideal: 200 calls at 20 per second, 10 s.
+        let in_time = b.within(Duration::from_millis(15_000));
+        println!(
+            "{throttle:?}: {}/200 succeeded, {in_time} within 15 s, last at {:?}, load {:.2}×",
+            b.succeeded,
+            b.ended[199],
+            b.load()
+        );
+        assert!(in_time >= 198, "{in_time}/200 within 1.5× the ideal time");
+        assert!(b.succeeded >= 198, "{b:?}");
+    }
+}
