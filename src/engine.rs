@@ -200,14 +200,6 @@ impl<T> Outcome<T> {
         }
         self
     }
-
-    pub(crate) fn verdict(&self) -> Verdict {
-        self.verdict
-    }
-
-    pub(crate) fn into_value(self) -> T {
-        self.value
-    }
 }
 
 /// What the operation learns about the attempt it is making.
@@ -453,11 +445,16 @@ impl<'p> Run<'p> {
         }
         loop {
             let ctx = self.context(begins);
-            let outcome = op.attempt(ctx).await;
-            let verdict = outcome.verdict();
+            // Split at once: only the value is kept across the sleeps
+            // below, so the future stays small.
+            let Outcome {
+                value,
+                verdict,
+                signal,
+            } = op.attempt(ctx).await;
             let ended = self.policy.clock.now();
-            let step = self.decide(verdict, outcome.signal, ended);
-            trace_attempt(&ctx, &Label(op, &outcome.value), verdict, step);
+            let step = self.decide(verdict, signal, ended);
+            trace_attempt(&ctx, &Label(op, &value), verdict, step);
             let (reason, at) = match step {
                 Step::Stop(reason) => (reason, ended),
                 Step::Retry(delay, kind) => {
@@ -471,7 +468,7 @@ impl<'p> Run<'p> {
                     }
                 }
             };
-            return (outcome.into_value(), self.finish(reason, at));
+            return (value, self.finish(reason, at));
         }
     }
 

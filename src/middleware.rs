@@ -313,7 +313,10 @@ impl Judge<'_> {
             _ => None,
         };
         Signal {
-            throttled: status == 429 || (status == 503 && retry_after.is_some()),
+            // A 503 that says "later" (a Retry-After of more than zero;
+            // a date in the past says "now").
+            throttled: status == 429
+                || (status == 503 && retry_after.is_some_and(|d| !d.is_zero())),
             retry_after,
             rate_limit: crate::rate_limit::from_headers(headers, wall),
         }
