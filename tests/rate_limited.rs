@@ -216,3 +216,162 @@ async fn two_hundred_calls_at_twenty_per_second_take_near_the_ideal_time() {
         assert!(b.succeeded >= 198, "{b:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn without_pacing_the_same_burst_loses_calls() {
+    // The same burst with no admission at all (so no pacing): what the
+    // lines above are measured against.
+    for throttle in [Throttle::RetryAfter, Throttle::Bare] {
+        let server = LeakyBucket::new(5, throttle);
+        let policy = RetryPolicy::builder().seed(7).no_budget().build().unwrap();
+        let b = burst(20, policy, &server).await;
+        println!(
+            "unpaced {throttle:?}: {}/20, load {:.2}×",
+            b.succeeded,
+            b.load()
+        );
+        assert!(b.succeeded < 20 && b.load() > 1.5, "{b:?}");
+        assert_eq!(b.waited, 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_report_and_the_metrics_say_who_waited_for_the_servers_rate() {
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let policy = seeded();
+    let b = burst(20, policy.clone(), &server).await;
+    let m = policy.metrics().snapshot();
+    // The throttling answers are counted apart from failures.
+    assert_eq!(m.throttled as usize, b.arrivals - 20, "{m:?}");
+    assert_eq!(m.first_attempt_failures, 0, "{m:?}");
+    assert_eq!(m.final_failures, 0);
+    assert!(m.rate_limit_waits >= 19, "{m:?}");
+    // The last call waited for the server's rate for most of the burst.
+    assert!(b.longest_wait >= Duration::from_secs(4), "{b:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_attempts_can_be_left_unpaced() {
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let policy = RetryPolicy::builder()
+        .seed(7)
+        .pace_first_attempts(false)
+        .build()
+        .unwrap();
+    let b = burst(20, policy, &server).await;
+    // Every first attempt went at once (19 rejected); the retries are paced.
+    assert!(b.arrivals >= 39, "{b:?}");
+    assert!(b.succeeded >= 18, "{b:?}");
+}
+
+/// A server that answers 200 with `X-RateLimit-Remaining: 0` and a reset
+/// in `reset` seconds, and counts when each request arrived.
+#[derive(Debug, Clone, Default)]
+struct QuotaSpent(Arc<Mutex<Vec<Instant>>>);
+
+#[async_trait::async_trait]
+impl Middleware for QuotaSpent {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        self.0.lock().unwrap().push(Instant::now());
+        let response = http::Response::builder()
+            .status(200)
+            .header("x-ratelimit-remaining", "0")
+            .header("x-ratelimit-reset", "3")
+            .body(Vec::new())
+            .unwrap();
+        Ok(Response::from(response))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_with_no_quota_left_gets_no_request_until_its_reset() {
+    let server = QuotaSpent::default();
+    let policy = seeded();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy.clone()))
+        .with(server.clone())
+        .build();
+    let start = Instant::now();
+    let first = client.get("http://quota.example/").send().await.unwrap();
+    assert!(!first.retry_report().unwrap().waited_for_rate_limit());
+    // The next first attempt waits for the reset, three seconds later.
+    let second = client.get("http://quota.example/").send().await.unwrap();
+    let report = second.retry_report().unwrap();
+    let arrivals = server.0.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 2);
+    assert!(
+        arrivals[1] - start >= Duration::from_secs(3),
+        "{arrivals:?}"
+    );
+    assert!(
+        report.rate_limit_wait() >= Duration::from_secs(3),
+        "{report:?}"
+    );
+    // Another host is not held.
+    let other = client.get("http://other.example/").send().await.unwrap();
+    assert!(!other.retry_report().unwrap().waited_for_rate_limit());
+    // Opted out, a first attempt goes at once.
+    let unpaced = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(
+            RetryPolicy::builder()
+                .seed(7)
+                .pace_first_attempts(false)
+                .build()
+                .unwrap(),
+        ))
+        .with(server.clone())
+        .build();
+    for _ in 0..2 {
+        let r = unpaced.get("http://quota.example/").send().await.unwrap();
+        assert!(!r.retry_report().unwrap().waited_for_rate_limit());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_beyond_the_deadline_is_not_waited_for() {
+    // A hostile reset (a Unix time far in the future): the first attempt
+    // never sleeps past its deadline's last window; it goes and the server
+    // answers.
+    #[derive(Debug, Clone)]
+    struct FarReset;
+    #[async_trait::async_trait]
+    impl Middleware for FarReset {
+        async fn handle(
+            &self,
+            _req: Request,
+            _extensions: &mut Extensions,
+            _next: Next<'_>,
+        ) -> reqwest_middleware::Result<Response> {
+            let response = http::Response::builder()
+                .status(200)
+                .header("x-ratelimit-remaining", "0")
+                .header("x-ratelimit-reset", "999999999999999")
+                .body(Vec::new())
+                .unwrap();
+            Ok(Response::from(response))
+        }
+    }
+    let policy = RetryPolicy::builder()
+        .seed(7)
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .with(FarReset)
+        .build();
+    let start = Instant::now();
+    client.get("http://far.example/").send().await.unwrap();
+    let r = client.get("http://far.example/").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}

@@ -438,7 +438,7 @@ impl AdaptiveAdmission {
         let max_rate = self.config.max_release_rate;
         self.host(partition, now, |h| {
             if h.pace.is_none() {
-                if success {
+                if !attempt.was_throttled() && exhausted.is_none() {
                     return;
                 }
                 h.pace = Some(Box::new(Pace::begin(now, quota_rate, max_rate)));
