@@ -9,9 +9,7 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
-};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
 use tokio::time::Instant;
 
 /// What the server answers when it throttles.
