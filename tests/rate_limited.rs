@@ -384,7 +384,8 @@ async fn a_reset_beyond_the_deadline_is_not_waited_for() {
 /// seeds.
 #[tokio::test(start_paused = true)]
 async fn table() {
-    let policies: [(&str, fn() -> RetryPolicy); 3] = [
+    type Make = fn() -> RetryPolicy;
+    let policies: [(&str, Make); 3] = [
         ("default (paced)", seeded),
         ("first attempts unpaced", || {
             RetryPolicy::builder()
