@@ -424,3 +424,49 @@ async fn table() {
         }
     }
 }
+
+#[test]
+fn one_hosts_throttling_never_paces_another() {
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
+        Partition, RetryAdmission, RetryKind, RetryRequest,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let (limited, other) = (Partition::named("limited"), Partition::named("other"));
+    let now = std::time::Instant::now();
+    let throttled =
+        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(Some(Duration::from_secs(1)));
+    a.record(limited, throttled, now);
+    assert!(a.pace_rate(limited).is_some());
+    let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO);
+    // The throttled host's retry and first attempt wait for its
+    // Retry-After…
+    assert_eq!(
+        a.admit(limited, retry, now),
+        Admission::Paced(Duration::from_secs(1))
+    );
+    assert_eq!(
+        a.admit_first(limited, Duration::ZERO, now),
+        Admission::Paced(Duration::from_secs(1))
+    );
+    // …and then go one per slot, not as a wave.
+    let later = now + Duration::from_secs(1);
+    let Admission::Admit(grant) = a.admit(limited, retry, later) else {
+        panic!()
+    };
+    assert_eq!(grant.source(), GrantSource::Paced);
+    assert!(matches!(
+        a.admit_first(limited, Duration::ZERO, later),
+        Admission::Paced(_)
+    ));
+    // The other host is neither paced nor held.
+    assert_eq!(a.pace_rate(other), None);
+    let Admission::Admit(grant) = a.admit(other, retry, now) else {
+        panic!()
+    };
+    assert_eq!(grant.source(), GrantSource::Token);
+    assert!(matches!(
+        a.admit_first(other, Duration::ZERO, now),
+        Admission::Admit(_)
+    ));
+}

@@ -113,6 +113,12 @@ impl Default for AdaptiveConfig {
 ///    waiting (a retry holds its place from its second question, so to
 ///    within a poll interval).
 ///
+/// A host that throttles (429, or 503 with Retry-After) or says its quota
+/// is spent is *paced* instead, until it has been calm for a while: its
+/// retries and its first attempts go out one per release slot, at the rate
+/// it is seen to accept, none before its Retry-After or reset; the bucket
+/// and the probes do not apply to it meanwhile.
+///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
 /// a warmed one. A first attempt that succeeds is still evidence of recovery

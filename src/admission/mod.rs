@@ -65,6 +65,19 @@
 //! ([`crate::RequestOptions::partition`]). The table of hosts is bounded
 //! ([`AdaptiveConfig::max_partitions`]); idle hosts are dropped first.
 //!
+//! # Rate-limited hosts
+//!
+//! A throttling answer (429, or 503 with a Retry-After) or a spent quota
+//! (`RateLimit: …;r=0`, `X-RateLimit-Remaining: 0`) puts a host of the
+//! [`AdaptiveAdmission`] into *pacing*, on the same partitions: its
+//! retries — and, through [`RetryAdmission::admit_first`], its first
+//! attempts — wait for release slots spaced at the rate the host accepts,
+//! none before its Retry-After or its reset ([`Admission::Paced`],
+//! [`GrantSource::Paced`]). The engine reports those waits
+//! ([`crate::RetryReport::rate_limit_wait`]); a wait spends no attempt.
+//! Why and how the rate is found: the `pacing` module's docs, in
+//! `src/admission/pacing.rs`.
+//!
 //! # Writing your own
 //!
 //! [`RetryAdmission`] is object-safe; hedged requests can share one
@@ -95,8 +108,10 @@ pub use token_bucket::{TokenBucket, TokenBucketConfig};
 /// for; an implementation keeps its state per partition, or ignores it to
 /// decide for the whole client. The engine calls
 /// [`RetryAdmission::first_attempt`] when a logical operation starts,
-/// [`RetryAdmission::admit`] when a retry has slept its backoff and is
-/// about to be sent, and [`RetryAdmission::record`] after every attempt. Time comes from the policy's clock, so an implementation
+/// [`RetryAdmission::admit_first`] before the first attempt (unless the
+/// policy opts out), [`RetryAdmission::admit`] when a retry has slept its
+/// backoff and is about to be sent, and [`RetryAdmission::record`] after
+/// every attempt, with what the answer said about the host's rate. Time comes from the policy's clock, so an implementation
 /// is tested with a [`crate::ManualClock`] and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
