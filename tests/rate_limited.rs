@@ -470,3 +470,74 @@ fn one_hosts_throttling_never_paces_another() {
         Admission::Admit(_)
     ));
 }
+
+/// Answers every request 503 with `Retry-After: 1`: down, not rate-limited.
+#[derive(Debug, Clone, Default)]
+struct Down(Arc<Mutex<usize>>);
+
+#[async_trait::async_trait]
+impl Middleware for Down {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        *self.0.lock().unwrap() += 1;
+        let response = http::Response::builder()
+            .status(503)
+            .header("retry-after", "1")
+            .body(Vec::new())
+            .unwrap();
+        Ok(Response::from(response))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_that_is_down_does_not_hold_new_calls_for_long() {
+    // 20 calls, then 20 more five seconds later, against a host that
+    // answers everything 503 with Retry-After: the new calls are not held
+    // past the hold, and the retries stay paced.
+    let server = Down::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(seeded()))
+        .with(server.clone())
+        .build();
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for wave in 0..2u64 {
+        for _ in 0..20 {
+            let client = client.clone();
+            set.spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5 * wave)).await;
+                let began = Instant::now();
+                let r = client.get("http://down.example/").send().await.unwrap();
+                let waited = r.retry_report().unwrap().rate_limit_wait();
+                (began.elapsed(), wave, waited)
+            });
+        }
+    }
+    let mut longest = Duration::ZERO;
+    let mut second_wave_waits = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        let (took, wave, waited) = joined.unwrap();
+        longest = longest.max(took);
+        if wave == 1 {
+            second_wave_waits.push(waited);
+        }
+    }
+    let arrivals = *server.0.lock().unwrap();
+    println!(
+        "down: {arrivals} arrivals for 40 calls, longest call {longest:?}, all done at {:?}, second wave waited for a rate {second_wave_waits:?}",
+        start.elapsed()
+    );
+    // The outage admission's bounds, as for any outage: two waits for
+    // admission of at most 10 s, after backoffs of about a second.
+    assert!(arrivals <= 80, "{arrivals}");
+    assert!(longest <= Duration::from_millis(22_500), "{longest:?}");
+    // The host admitted nothing: new calls were not held for its rate.
+    assert!(
+        second_wave_waits.iter().all(|w| w.is_zero()),
+        "{second_wave_waits:?}"
+    );
+}

@@ -483,7 +483,7 @@ impl RetryAdmission for AdaptiveAdmission {
         let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
         self.host(partition, now, |h| {
             // A paced host's retries go out at its rate, not the budget's.
-            if let Some(pace) = self.pace(h, now) {
+            if let Some(pace) = self.pace(h, now).filter(|p| p.governs(now)) {
                 return Self::release(pace, now);
             }
             h.deposit(c);
@@ -561,8 +561,8 @@ impl RetryAdmission for AdaptiveAdmission {
             return go;
         }
         self.host(partition, now, |h| match self.pace(h, now) {
-            Some(pace) => Self::release(pace, now),
-            None => go,
+            Some(pace) if pace.governs(now) => Self::release(pace, now),
+            _ => go,
         })
     }
 

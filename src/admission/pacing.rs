@@ -46,6 +46,10 @@ pub(super) const CONVERGED: f64 = 1.03;
 pub(super) const STEADY_GROWTH: f64 = 1.02;
 /// See [`STEADY_GROWTH`].
 pub(super) const STEADY_EVERY: u32 = 20;
+/// Released requests throttled, with no success since the throttling
+/// began, after which the host looks down rather than rate-limited: it is
+/// no longer paced (the outage admission takes over) until a success.
+const DOWN_AFTER: u32 = 3;
 /// With no throttling answer for this long, and no request released for a
 /// second, pacing ends.
 pub(super) const CALM: Duration = Duration::from_secs(5);
@@ -57,6 +61,8 @@ pub(super) struct Pace {
     began: Instant,
     /// Successes at this host since then.
     successes: u32,
+    /// Released requests throttled since then.
+    throttled_releases: u32,
     /// Releases per second.
     rate: f64,
     /// The highest rate at which a released request succeeded.
@@ -104,6 +110,7 @@ impl Pace {
         Pace {
             began: now,
             successes: 0,
+            throttled_releases: 0,
             rate,
             good: None,
             // A published rate is where the search starts, converged: no
@@ -154,6 +161,7 @@ impl Pace {
             }
             return;
         }
+        self.throttled_releases = self.throttled_releases.saturating_add(1);
         let seen = now.saturating_duration_since(self.began).as_secs_f64();
         let accepted = if seen >= 1.0 {
             f64::from(self.successes) / seen
@@ -202,6 +210,18 @@ impl Pace {
             }
         };
         self.rate = next.min(self.max_rate.max(MIN_RATE));
+    }
+
+    /// Whether the pacing decides at `now`: always during a hold (a
+    /// Retry-After, a spent quota), and afterwards unless every released
+    /// request has been throttled, [`DOWN_AFTER`] of them: a host that
+    /// admits nothing, answering 503 with Retry-After, is down, not
+    /// rate-limited; its new calls are not held, and its retries are the
+    /// outage admission's (bucket, probes, release) until it admits one.
+    pub(super) fn governs(&self, now: Instant) -> bool {
+        self.hold.is_some_and(|h| h > now)
+            || self.successes > 0
+            || self.throttled_releases < DOWN_AFTER
     }
 
     /// Whether pacing is over at `now`: no throttling for [`CALM`], no
@@ -313,6 +333,23 @@ mod tests {
         p.throttled(t0, false, Some(Duration::from_secs(9)));
         assert_eq!(p.rate(), START_RATE);
         assert_eq!(p.release(t0 + ms(1)), Err(Duration::from_secs(9) - ms(1)));
+    }
+
+    #[test]
+    fn a_host_that_admits_nothing_is_not_paced_after_its_hold() {
+        let t0 = Instant::now();
+        let mut p = Pace::begin(t0, None, 10_000.0);
+        p.hold(t0, Duration::from_secs(1));
+        assert!(p.governs(t0));
+        let t1 = t0 + Duration::from_secs(2);
+        for i in 0..DOWN_AFTER {
+            assert!(p.governs(t1), "after {i} throttled releases");
+            p.throttled(t1, true, None);
+        }
+        assert!(!p.governs(t1));
+        // One success: it is rate-limited after all.
+        p.succeeded(true);
+        assert!(p.governs(t1));
     }
 
     #[test]
