@@ -33,7 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub mod names {
     /// Counter: logical calls started.
     pub const CALLS: &str = "reqwest_safe_retry.calls";
-    /// Counter: calls whose first attempt did not succeed.
+    /// Counter: calls whose first attempt did not succeed (a throttling
+    /// answer is counted in `THROTTLED` instead).
     pub const FIRST_ATTEMPT_FAILURES: &str = "reqwest_safe_retry.first_attempt_failures";
     /// Counter: retries made (attempts after the first).
     pub const RETRIES: &str = "reqwest_safe_retry.retries";
