@@ -541,3 +541,33 @@ async fn a_host_that_is_down_does_not_hold_new_calls_for_long() {
         "{second_wave_waits:?}"
     );
 }
+
+#[test]
+fn pacing_ends_when_the_host_has_been_calm() {
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
+        RetryAdmission,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let host = Partition::named("calm");
+    let now = std::time::Instant::now();
+    a.record(
+        host,
+        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(None),
+        now,
+    );
+    assert!(a.pace_rate(host).is_some());
+    // Five seconds without a throttling answer or a release: a success
+    // ends the pacing, and new calls go at once.
+    let later = now + Duration::from_secs(5);
+    a.record(
+        host,
+        AttemptRecord::new(1, None, AttemptResult::Success),
+        later,
+    );
+    assert_eq!(a.pace_rate(host), None);
+    assert!(matches!(
+        a.admit_first(host, Duration::ZERO, later),
+        Admission::Admit(_)
+    ));
+}

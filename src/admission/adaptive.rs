@@ -450,7 +450,9 @@ impl AdaptiveAdmission {
                 h.pace = Some(Box::new(Pace::begin(now, quota_rate, max_rate)));
                 self.paced.fetch_add(1, Ordering::Relaxed);
             }
-            let Some(pace) = h.pace.as_deref_mut() else {
+            // A pacing that has ended is dropped here too, so that a
+            // host's successes stop taking this lock once it is calm.
+            let Some(pace) = self.pace(h, now) else {
                 return;
             };
             if let Some(reset) = exhausted.and_then(|r| r.reset) {
