@@ -379,8 +379,8 @@ async fn a_reset_beyond_the_deadline_is_not_waited_for() {
     );
 }
 
-/// The table in BENCHMARKS.md: `cargo test -p reqwest-safe-retry --test
-/// rate_limited -- --nocapture table`. Deterministic: paused clock, fixed
+/// The table in BENCHMARKS.md: `cargo test --test rate_limited --
+/// --nocapture table`. Deterministic: paused clock, fixed
 /// seeds.
 #[tokio::test(start_paused = true)]
 async fn table() {
