@@ -52,6 +52,7 @@ pub struct RetryPolicyBuilder {
     deadline_header: Result<Option<HeaderName>, ConfigError>,
     attempt_header: Result<Option<HeaderName>, ConfigError>,
     throttle_backoff: Option<(Duration, Duration)>,
+    pace_first_attempts: bool,
     admission: AdmissionChoice,
     circuit_breaker: Option<CircuitBreakerConfig>,
     rng: Option<Rng>,
@@ -86,6 +87,7 @@ impl RetryPolicyBuilder {
             deadline_header: Ok(Some(HeaderName::from_static(DEFAULT_DEADLINE_HEADER))),
             attempt_header: Ok(None),
             throttle_backoff: None,
+            pace_first_attempts: true,
             admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
             circuit_breaker: None,
             rng: None,
@@ -234,6 +236,18 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Whether first attempts to a paced host wait too (the default): after
+    /// a host throttles, or says its quota is spent until a reset, its new
+    /// calls wait for a release slot like its retries, so a burst reaches
+    /// it at the rate it accepts. `false` sends every first attempt at once
+    /// and paces only retries. A first attempt never waits past its
+    /// deadline's last attempt window, nor past the admission's longest
+    /// wait: then it goes, and the server answers.
+    pub fn pace_first_attempts(mut self, pace: bool) -> Self {
+        self.pace_first_attempts = pace;
+        self
+    }
+
     /// Adaptive retry admission with these settings (the default, with
     /// [`AdaptiveConfig::default`]): a retry that finds no room waits,
     /// probes go out at a floor rate while failures continue, and successes
@@ -376,6 +390,7 @@ impl RetryPolicyBuilder {
             max_attempts: self.max_attempts,
             backoff,
             throttle_backoff,
+            pace_first_attempts: self.pace_first_attempts,
             deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
             min_attempt_timeout: self.min_attempt_timeout,

@@ -45,6 +45,7 @@ use crate::admission::{
     Admission, AttemptRecord, AttemptResult, Grant, Partition, RetryKind, RetryRequest,
 };
 use crate::policy::RetryPolicy;
+use crate::rate_limit::RateLimit;
 use crate::report::{RetryReport, StopReason};
 use crate::retry_after;
 
@@ -53,6 +54,18 @@ use crate::retry_after;
 pub struct Outcome<T> {
     value: T,
     verdict: Verdict,
+    signal: Signal,
+}
+
+/// What an answer says about its host's rate, whatever its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Signal {
+    /// A throttling answer: 429, or 503 with Retry-After.
+    pub(crate) throttled: bool,
+    /// The server's Retry-After, when throttled.
+    pub(crate) retry_after: Option<Duration>,
+    /// The rate-limit fields it carried.
+    pub(crate) rate_limit: Option<RateLimit>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,7 +119,16 @@ impl Verdict {
 
 impl<T> Outcome<T> {
     pub(crate) fn new(value: T, verdict: Verdict) -> Self {
-        Outcome { value, verdict }
+        Outcome {
+            value,
+            verdict,
+            signal: Signal::default(),
+        }
+    }
+
+    pub(crate) fn with_signal(mut self, signal: Signal) -> Self {
+        self.signal = signal;
+        self
     }
 
     /// Done: return `value`.
@@ -152,10 +174,24 @@ impl<T> Outcome<T> {
     }
 
     /// The server throttled the attempt (a transient outcome only): the
-    /// policy's throttling backoff applies, and a budget may charge less.
+    /// policy's throttling backoff applies, a budget may charge less, and
+    /// the admission paces the partition's next requests to the rate it
+    /// accepts.
     #[must_use]
-    pub fn throttled(self) -> Self {
+    pub fn throttled(mut self) -> Self {
+        if let Verdict::Transient { retry_after, .. } = self.verdict {
+            self.signal.throttled = true;
+            self.signal.retry_after = retry_after;
+        }
         self.with_kind(RetryKind::Throttled)
+    }
+
+    /// The server's rate-limit fields (see [`crate::rate_limit`]): a
+    /// partition whose quota is spent is held until its reset.
+    #[must_use]
+    pub fn with_rate_limit(mut self, rate_limit: RateLimit) -> Self {
+        self.signal.rate_limit = Some(rate_limit);
+        self
     }
 
     fn with_kind(mut self, new: RetryKind) -> Self {
@@ -163,14 +199,6 @@ impl<T> Outcome<T> {
             *kind = new;
         }
         self
-    }
-
-    pub(crate) fn verdict(&self) -> Verdict {
-        self.verdict
-    }
-
-    pub(crate) fn into_value(self) -> T {
-        self.value
     }
 }
 
@@ -368,6 +396,8 @@ pub(crate) struct Run<'p> {
     grant: Option<Grant>,
     /// Whether the current delay was set by a server's Retry-After.
     by_hint: bool,
+    /// Whether the current retry has waited for a paced host's rate.
+    pacing: bool,
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
@@ -391,6 +421,7 @@ impl<'p> Run<'p> {
             prev_delay: policy.settings.backoff.base(),
             grant: None,
             by_hint: false,
+            pacing: false,
             traced: false,
             report: RetryReport {
                 partition,
@@ -409,13 +440,21 @@ impl<'p> Run<'p> {
     /// an operation that stops after an attempt ends when that attempt did.
     pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
         let mut begins = self.started;
+        if self.policy.settings.pace_first_attempts {
+            begins = self.admit_first().await;
+        }
         loop {
             let ctx = self.context(begins);
-            let outcome = op.attempt(ctx).await;
-            let verdict = outcome.verdict();
+            // Split at once: only the value is kept across the sleeps
+            // below, so the future stays small.
+            let Outcome {
+                value,
+                verdict,
+                signal,
+            } = op.attempt(ctx).await;
             let ended = self.policy.clock.now();
-            let step = self.decide(verdict, ended);
-            trace_attempt(&ctx, &Label(op, &outcome.value), verdict, step);
+            let step = self.decide(verdict, signal, ended);
+            trace_attempt(&ctx, &Label(op, &value), verdict, step);
             let (reason, at) = match step {
                 Step::Stop(reason) => (reason, ended),
                 Step::Retry(delay, kind) => {
@@ -429,7 +468,7 @@ impl<'p> Run<'p> {
                     }
                 }
             };
-            return (outcome.into_value(), self.finish(reason, at));
+            return (value, self.finish(reason, at));
         }
     }
 
@@ -437,8 +476,9 @@ impl<'p> Run<'p> {
     fn context(&mut self, now: Instant) -> AttemptContext {
         self.attempt += 1;
         self.report.attempts = self.attempt;
-        // The first attempt begins at the start: the whole deadline is left.
-        let time_left = if self.attempt == 1 {
+        // A first attempt that did not wait begins at the start: the whole
+        // deadline is left.
+        let time_left = if self.attempt == 1 && now == self.started {
             self.deadline.and(self.limits.deadline)
         } else {
             self.time_left(now)
@@ -468,18 +508,22 @@ impl<'p> Run<'p> {
     /// Decides, after an attempt, whether and how long to wait for the next.
     /// Pure but for the random draw and the counters; admission comes after
     /// the sleep.
-    fn decide(&mut self, verdict: Verdict, now: Instant) -> Step {
+    fn decide(&mut self, verdict: Verdict, signal: Signal, now: Instant) -> Step {
         let policy = self.policy;
         let result = verdict.result();
-        policy.admission.record(
-            self.report.partition,
-            AttemptRecord::new(self.attempt, self.grant, result),
-            now,
-        );
+        let mut record = AttemptRecord::new(self.attempt, self.grant, result);
+        if signal.throttled {
+            policy.metrics.throttled();
+            record = record.throttled(signal.retry_after);
+        }
+        if let Some(rate_limit) = signal.rate_limit {
+            record = record.with_rate_limit(rate_limit);
+        }
+        policy.admission.record(self.report.partition, record, now);
         if let Some(breaker) = &policy.breaker {
             breaker.record(self.report.partition, result != AttemptResult::Failure, now);
         }
-        if self.attempt == 1 && verdict != Verdict::Success {
+        if self.attempt == 1 && verdict != Verdict::Success && !signal.throttled {
             policy.metrics.first_attempt_failed();
         }
         let (hint, kind) = match verdict {
@@ -564,6 +608,44 @@ impl<'p> Run<'p> {
         }
     }
 
+    /// Waits, before the first attempt, while the partition is paced (it
+    /// throttled, or its quota is spent): returns when the attempt begins.
+    /// It never waits past the deadline's last attempt window, nor once the
+    /// admission stops answering "wait": then it goes at once and the
+    /// server answers.
+    async fn admit_first(&mut self) -> Instant {
+        let policy = self.policy;
+        let partition = self.report.partition;
+        let mut now = self.started;
+        loop {
+            let waited = now.saturating_duration_since(self.started);
+            let wait = match policy.admission.admit_first(partition, waited, now) {
+                Admission::Paced(wait) | Admission::Wait(wait) => wait,
+                Admission::Admit(grant) => {
+                    if grant.is_paced() {
+                        self.grant = Some(grant);
+                    }
+                    return now;
+                }
+                _ => return now,
+            };
+            let room = match self.time_left(now) {
+                Some(left) => left.saturating_sub(policy.settings.min_attempt_window),
+                None => wait,
+            };
+            let wait = wait.min(room);
+            if wait.is_zero() {
+                return now;
+            }
+            if waited.is_zero() {
+                policy.metrics.waited_for_rate_limit();
+            }
+            self.report.rate_limit_wait += wait;
+            policy.sleeper.sleep(wait).await;
+            now = policy.clock.now();
+        }
+    }
+
     /// One question to admission, `first_ask` being when the retry first
     /// asked.
     fn ask(&mut self, kind: RetryKind, first_ask: Instant) -> Asked {
@@ -581,9 +663,25 @@ impl<'p> Run<'p> {
             return Asked::Stop(StopReason::BudgetExhausted);
         }
         let request = RetryRequest::new(kind, waited);
-        match policy.admission.admit(self.report.partition, request, now) {
+        let answer = policy.admission.admit(self.report.partition, request, now);
+        if let Admission::Paced(wait) = answer {
+            let left = left.map_or(wait, |left| left.saturating_sub(window));
+            let wait = wait.min(left);
+            if wait.is_zero() {
+                policy.metrics.budget_rejected();
+                return Asked::Stop(StopReason::BudgetExhausted);
+            }
+            if !self.pacing {
+                self.pacing = true;
+                policy.metrics.waited_for_rate_limit();
+            }
+            self.report.rate_limit_wait += wait;
+            return Asked::Wait(wait);
+        }
+        match answer {
             Admission::Admit(grant) => {
                 self.grant = Some(grant);
+                self.pacing = false;
                 self.report.admission_wait += waited;
                 policy.metrics.admitted(grant.is_probe());
                 policy.metrics.retried(self.by_hint);

@@ -128,6 +128,7 @@ mod middleware;
 mod options;
 mod policy;
 mod propagation;
+pub mod rate_limit;
 mod report;
 pub mod retry_after;
 mod runtime;

@@ -33,7 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub mod names {
     /// Counter: logical calls started.
     pub const CALLS: &str = "reqwest_safe_retry.calls";
-    /// Counter: calls whose first attempt did not succeed.
+    /// Counter: calls whose first attempt did not succeed (a throttling
+    /// answer is counted in `THROTTLED` instead).
     pub const FIRST_ATTEMPT_FAILURES: &str = "reqwest_safe_retry.first_attempt_failures";
     /// Counter: retries made (attempts after the first).
     pub const RETRIES: &str = "reqwest_safe_retry.retries";
@@ -47,6 +48,12 @@ pub mod names {
     pub const PROBES: &str = "reqwest_safe_retry.probes";
     /// Counter: retries that had to wait for admission.
     pub const WAITS: &str = "reqwest_safe_retry.waits";
+    /// Counter: throttling answers (429, or 503 with Retry-After), not
+    /// counted as first-attempt failures.
+    pub const THROTTLED: &str = "reqwest_safe_retry.throttled";
+    /// Counter: attempts that waited for a paced host's rate or a spent
+    /// quota's reset.
+    pub const RATE_LIMIT_WAITS: &str = "reqwest_safe_retry.rate_limit_waits";
     /// Counter: delays set by a server's Retry-After.
     pub const RETRY_AFTER_HONOURED: &str = "reqwest_safe_retry.retry_after_honoured";
     /// Counter: calls given up because another attempt would not fit the
@@ -96,6 +103,16 @@ pub fn describe_metrics() {
         "Retries that waited for admission"
     );
     describe_counter!(
+        names::THROTTLED,
+        Unit::Count,
+        "Throttling answers (429, or 503 with Retry-After)"
+    );
+    describe_counter!(
+        names::RATE_LIMIT_WAITS,
+        Unit::Count,
+        "Attempts that waited for a rate-limited host's pace or reset"
+    );
+    describe_counter!(
         names::RETRY_AFTER_HONOURED,
         Unit::Count,
         "Delays set by a server's Retry-After"
@@ -135,6 +152,8 @@ pub struct Metrics {
     probes: AtomicU64,
     waits: AtomicU64,
     circuit_rejections: AtomicU64,
+    throttled: AtomicU64,
+    rate_limit_waits: AtomicU64,
     attempts: [AtomicU64; BUCKETS],
 }
 
@@ -144,7 +163,8 @@ pub struct Metrics {
 pub struct MetricsSnapshot {
     /// Logical calls started.
     pub calls: u64,
-    /// Calls whose first attempt did not succeed.
+    /// Calls whose first attempt did not succeed, a throttling answer not
+    /// included (that is in `throttled`).
     pub first_attempt_failures: u64,
     /// Retries made (attempts after the first).
     pub retries: u64,
@@ -162,6 +182,12 @@ pub struct MetricsSnapshot {
     /// Calls the circuit breaker refused without an attempt (counted in
     /// `calls` and `final_failures` too, not in `attempts_per_call`).
     pub circuit_rejections: u64,
+    /// Throttling answers (429, or 503 with Retry-After), of any attempt:
+    /// counted here and not as first-attempt failures.
+    pub throttled: u64,
+    /// Attempts (first attempts included) that waited for a paced host's
+    /// rate or a spent quota's reset.
+    pub rate_limit_waits: u64,
     /// Delays set by a server's Retry-After.
     pub retry_after_honoured: u64,
     /// Calls given up because another attempt would not fit the deadline
@@ -211,6 +237,16 @@ impl Metrics {
         publish!(WAITS);
     }
 
+    pub(crate) fn throttled(&self) {
+        self.throttled.fetch_add(1, Ordering::Relaxed);
+        publish!(THROTTLED);
+    }
+
+    pub(crate) fn waited_for_rate_limit(&self) {
+        self.rate_limit_waits.fetch_add(1, Ordering::Relaxed);
+        publish!(RATE_LIMIT_WAITS);
+    }
+
     pub(crate) fn deadline_gave_up(&self) {
         self.deadline_give_ups.fetch_add(1, Ordering::Relaxed);
         publish!(DEADLINE_GIVE_UPS);
@@ -248,6 +284,8 @@ impl Metrics {
             probes: get(&self.probes),
             waits: get(&self.waits),
             circuit_rejections: get(&self.circuit_rejections),
+            throttled: get(&self.throttled),
+            rate_limit_waits: get(&self.rate_limit_waits),
             attempts_per_call: self.attempts.iter().map(get).collect(),
         }
     }

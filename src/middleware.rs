@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use crate::admission::{Partition, RetryKind};
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
-use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Verdict};
+use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Signal, Verdict};
 use crate::error::{CircuitOpen, KeyError, RetryError};
 use crate::idempotency::{IdempotencyKey, SharedKey};
 use crate::options::{KeyChoice, RequestOptions};
@@ -274,7 +274,8 @@ impl Attempt for HttpAttempts<'_> {
             };
             let result = response.await;
             let verdict = judge.verdict(&method, cloneable, &result);
-            Outcome::new(result, verdict)
+            let signal = judge.signal(&result, verdict);
+            Outcome::new(result, verdict).with_signal(signal)
         }
     }
 
@@ -296,6 +297,31 @@ struct Judge<'a> {
 }
 
 impl Judge<'_> {
+    /// What the answer says about its host's rate, whatever the verdict:
+    /// a throttling answer (429, or 503 with Retry-After) and the
+    /// rate-limit fields.
+    fn signal(&self, result: &reqwest_middleware::Result<Response>, verdict: Verdict) -> Signal {
+        let Ok(response) = result else {
+            return Signal::default();
+        };
+        let headers = response.headers();
+        let wall = self.policy.clock.wall();
+        let status = response.status().as_u16();
+        let retry_after = match verdict {
+            Verdict::Transient { retry_after, .. } => retry_after,
+            _ if status == 429 || status == 503 => retry_after::from_headers(headers, wall),
+            _ => None,
+        };
+        Signal {
+            // A 503 that says "later" (a Retry-After of more than zero;
+            // a date in the past says "now").
+            throttled: status == 429
+                || (status == 503 && retry_after.is_some_and(|d| !d.is_zero())),
+            retry_after,
+            rate_limit: crate::rate_limit::from_headers(headers, wall),
+        }
+    }
+
     /// Classifies one attempt and applies the safety rule.
     fn verdict(
         &self,

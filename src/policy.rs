@@ -61,6 +61,8 @@ pub(crate) struct Settings {
     pub(crate) backoff: Backoff,
     /// The backoff after a throttling answer (429), when it differs.
     pub(crate) throttle_backoff: Option<Backoff>,
+    /// Whether first attempts to a paced host wait for its rate.
+    pub(crate) pace_first_attempts: bool,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) min_attempt_timeout: Option<Duration>,

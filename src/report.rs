@@ -71,13 +71,14 @@ impl fmt::Display for StopReason {
 /// a [`ReportSlot`] — the way to reach it when the call ends in an error.
 ///
 /// It serializes with durations in milliseconds:
-/// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"elapsed_ms":90.1,
+/// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"rate_limit_wait_ms":0.0,"elapsed_ms":90.1,
 /// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,
     pub(crate) delays: Vec<Duration>,
     pub(crate) admission_wait: Duration,
+    pub(crate) rate_limit_wait: Duration,
     pub(crate) elapsed: Duration,
     pub(crate) idempotency_key: Option<SharedKey>,
     pub(crate) stop_reason: StopReason,
@@ -91,6 +92,7 @@ impl RetryReport {
             attempts: 0,
             delays: Vec::new(),
             admission_wait: Duration::ZERO,
+            rate_limit_wait: Duration::ZERO,
             elapsed: Duration::ZERO,
             idempotency_key: None,
             stop_reason: StopReason::Success,
@@ -110,6 +112,21 @@ impl RetryReport {
     /// [`RetryReport::delays`]).
     pub fn admission_wait(&self) -> Duration {
         self.admission_wait
+    }
+
+    /// Time the call waited for a server's rate: its host had throttled
+    /// (429, or 503 with Retry-After) or said its quota was spent, and the
+    /// call's attempts (the first included) waited for the host's release
+    /// slots or its reset. Zero when it never waited so. A retry's part of
+    /// it is in [`RetryReport::admission_wait`] too.
+    pub fn rate_limit_wait(&self) -> Duration {
+        self.rate_limit_wait
+    }
+
+    /// Whether the call waited for a server's rate
+    /// ([`RetryReport::rate_limit_wait`] is not zero).
+    pub fn waited_for_rate_limit(&self) -> bool {
+        !self.rate_limit_wait.is_zero()
     }
 
     /// Total time of the logical operation, from the first attempt to the
@@ -148,11 +165,12 @@ impl serde::Serialize for RetryReport {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let mut s = serializer.serialize_struct("RetryReport", 7)?;
+        let mut s = serializer.serialize_struct("RetryReport", 8)?;
         s.serialize_field("attempts", &self.attempts)?;
         let delays: Vec<f64> = self.delays.iter().copied().map(ms).collect();
         s.serialize_field("delays_ms", &delays)?;
         s.serialize_field("admission_wait_ms", &ms(self.admission_wait))?;
+        s.serialize_field("rate_limit_wait_ms", &ms(self.rate_limit_wait))?;
         s.serialize_field("elapsed_ms", &ms(self.elapsed))?;
         s.serialize_field("idempotency_key", &self.idempotency_key())?;
         s.serialize_field("stop_reason", &self.stop_reason)?;

@@ -80,6 +80,17 @@ pub fn from_headers(headers: &http::HeaderMap, now: SystemTime) -> Option<Durati
     hints.all(|h| h == Some(first)).then_some(first)
 }
 
+/// The time a response's own numbers are measured against: its `Date`
+/// header when it has a valid one (the server's clock against the server's
+/// clock), else `now`.
+pub(crate) fn reference(headers: &http::HeaderMap, now: SystemTime) -> SystemTime {
+    headers
+        .get(http::header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .and_then(|d| date::parse(d, now))
+        .unwrap_or(now)
+}
+
 /// Whether the headers carry a readable `Retry-After`.
 pub(crate) fn has_hint(headers: &http::HeaderMap) -> bool {
     // Whether a value can be read does not depend on the clock: `now` only

@@ -118,6 +118,7 @@ async fn the_report_serializes_with_milliseconds_and_the_elapsed_time() {
             "attempts": 3,
             "delays_ms": [100.0, 100.0],
             "admission_wait_ms": 0.0,
+            "rate_limit_wait_ms": 0.0,
             "elapsed_ms": 200.0,
             "idempotency_key": "order-7",
             "stop_reason": "attempts_exhausted",

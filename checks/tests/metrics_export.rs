@@ -83,19 +83,23 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
         (names::WAITS, own.waits),
         (names::RETRY_AFTER_HONOURED, own.retry_after_honoured),
         (names::DEADLINE_GIVE_UPS, own.deadline_give_ups),
+        (names::THROTTLED, own.throttled),
+        (names::RATE_LIMIT_WAITS, own.rate_limit_waits),
     ] {
         assert_eq!(counter(name), expected, "{name}");
     }
-    // And the calls above did count.
+    // And the calls above did count: the 503s with Retry-After are
+    // throttling answers, counted apart from the 404's failure.
     assert_eq!(
         (
             own.calls,
             own.first_attempt_failures,
+            own.throttled,
             own.retries,
             own.retry_after_honoured,
             own.final_failures
         ),
-        (2, 2, 2, 2, 1)
+        (2, 1, 2, 2, 2, 1)
     );
 
     let Some((MetricKind::Histogram, true, DebugValue::Histogram(values))) =

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::pacing::Pace;
 use super::partition::{Bounds, Partition, Partitions};
 use super::{
     Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryRequest,
@@ -113,6 +114,12 @@ impl Default for AdaptiveConfig {
 ///    waiting (a retry holds its place from its second question, so to
 ///    within a poll interval).
 ///
+/// A host that throttles (429, or 503 with Retry-After) or says its quota
+/// is spent is *paced* instead, until it has been calm for a while: its
+/// retries and its first attempts go out one per release slot, at the rate
+/// it is seen to accept, none before its Retry-After or reset; the bucket
+/// and the probes do not apply to it meanwhile.
+///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
 /// a warmed one. A first attempt that succeeds is still evidence of recovery
@@ -129,6 +136,10 @@ pub struct AdaptiveAdmission {
     /// from the table is not subtracted): while none is, a first attempt's
     /// success has nothing to reset and takes no lock.
     backed_off: AtomicUsize,
+    /// Hosts being paced, at most (a host dropped from the table is not
+    /// subtracted): while none is, a first attempt takes no lock to learn
+    /// that it may go.
+    paced: AtomicUsize,
 }
 
 /// When the next probe may go.
@@ -170,6 +181,9 @@ struct Host {
     /// Retries waiting, by when they started waiting, with when each last
     /// asked: the earliest one still asking goes first.
     waiters: BTreeMap<Instant, Instant>,
+    /// Pacing, while the host throttles or its quota is spent (boxed: most
+    /// hosts never need it).
+    pace: Option<Box<Pace>>,
 }
 
 impl Host {
@@ -186,6 +200,7 @@ impl Host {
             probe_interval: c.probe_interval,
             probe_in_flight: None,
             waiters: BTreeMap::new(),
+            pace: None,
         }
     }
 
@@ -328,6 +343,7 @@ impl AdaptiveAdmission {
                 idle: config.partition_idle_expiry,
             }),
             backed_off: AtomicUsize::new(0),
+            paced: AtomicUsize::new(0),
             config,
         })
     }
@@ -385,6 +401,72 @@ impl AdaptiveAdmission {
         self.read(partition, |h| h.probe_interval)
     }
 
+    /// The rate, requests per second, at which a paced host's requests are
+    /// released; `None` when the host is not paced.
+    pub fn pace_rate(&self, partition: Partition) -> Option<f64> {
+        self.hosts
+            .peek(partition, |h| h.pace.as_ref().map(|p| p.rate()))
+            .flatten()
+    }
+
+    /// The pacing of a host at `now`, dropped when it has ended.
+    fn pace<'h>(&self, h: &'h mut Host, now: Instant) -> Option<&'h mut Pace> {
+        if h.pace.as_ref().is_some_and(|p| p.ended(now)) {
+            h.pace = None;
+            self.paced.fetch_sub(1, Ordering::Relaxed);
+        }
+        h.pace.as_deref_mut()
+    }
+
+    /// A paced host's answer. The wait is bounded by the request's
+    /// deadline, not by `max_admission_wait`: a host that admits five
+    /// requests a second takes forty seconds for two hundred, and each
+    /// of them is worth its wait.
+    fn release(pace: &mut Pace, now: Instant) -> Admission {
+        match pace.release(now) {
+            Ok(()) => Admission::Admit(Grant::new(GrantSource::Paced, 0.0)),
+            Err(wait) => Admission::Paced(wait),
+        }
+    }
+
+    /// What an answer says about the host's rate: throttling, a spent
+    /// quota, a success while paced.
+    fn learn(&self, partition: Partition, attempt: &AttemptRecord, now: Instant) {
+        let exhausted = attempt.rate_limit().filter(|r| r.exhausted());
+        let success = attempt.result() == AttemptResult::Success;
+        if !attempt.was_throttled()
+            && exhausted.is_none()
+            && !(success && self.paced.load(Ordering::Relaxed) > 0)
+        {
+            return;
+        }
+        let released = attempt.grant().is_some_and(|g| g.is_paced());
+        let quota_rate = attempt.rate_limit().and_then(|r| r.quota_rate());
+        let max_rate = self.config.max_release_rate;
+        self.host(partition, now, |h| {
+            if h.pace.is_none() {
+                if !attempt.was_throttled() && exhausted.is_none() {
+                    return;
+                }
+                h.pace = Some(Box::new(Pace::begin(now, quota_rate, max_rate)));
+                self.paced.fetch_add(1, Ordering::Relaxed);
+            }
+            // A pacing that has ended is dropped here too, so that a
+            // host's successes stop taking this lock once it is calm.
+            let Some(pace) = self.pace(h, now) else {
+                return;
+            };
+            if let Some(reset) = exhausted.and_then(|r| r.reset) {
+                pace.hold(now, reset);
+            }
+            if attempt.was_throttled() {
+                pace.throttled(now, released, attempt.retry_after());
+            } else if success {
+                pace.succeeded(released);
+            }
+        });
+    }
+
     /// Hosts whose state is kept now (at most `max_partitions`).
     pub fn partitions(&self) -> usize {
         self.hosts.len()
@@ -407,6 +489,10 @@ impl RetryAdmission for AdaptiveAdmission {
         let arrival = now.checked_sub(retry.waited()).unwrap_or(now);
         let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
         self.host(partition, now, |h| {
+            // A paced host's retries go out at its rate, not the budget's.
+            if let Some(pace) = self.pace(h, now).filter(|p| p.governs(now)) {
+                return Self::release(pace, now);
+            }
             h.deposit(c);
             h.refill(now, c.poll_interval);
             h.prune_waiters(now, stale);
@@ -483,8 +569,24 @@ impl RetryAdmission for AdaptiveAdmission {
         })
     }
 
+    fn admit_first(&self, partition: Partition, _waited: Duration, now: Instant) -> Admission {
+        let go = Admission::Admit(Grant::new(GrantSource::Free, 0.0));
+        if self.paced.load(Ordering::Relaxed) == 0 {
+            return go;
+        }
+        self.host(partition, now, |h| match self.pace(h, now) {
+            Some(pace) if pace.governs(now) => Self::release(pace, now),
+            _ => go,
+        })
+    }
+
     fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant) {
         let c = &self.config;
+        self.learn(partition, &attempt, now);
+        if attempt.grant().is_some_and(|g| g.is_paced()) {
+            // A paced release says nothing about an outage.
+            return;
+        }
         match (attempt.result(), attempt.grant()) {
             (AttemptResult::Success, Some(grant)) => self.host(partition, now, |h| {
                 // Slow start: successes per second grow with the rate, so

@@ -65,6 +65,19 @@
 //! ([`crate::RequestOptions::partition`]). The table of hosts is bounded
 //! ([`AdaptiveConfig::max_partitions`]); idle hosts are dropped first.
 //!
+//! # Rate-limited hosts
+//!
+//! A throttling answer (429, or 503 with a Retry-After) or a spent quota
+//! (`RateLimit: …;r=0`, `X-RateLimit-Remaining: 0`) puts a host of the
+//! [`AdaptiveAdmission`] into *pacing*, on the same partitions: its
+//! retries — and, through [`RetryAdmission::admit_first`], its first
+//! attempts — wait for release slots spaced at the rate the host accepts,
+//! none before its Retry-After or its reset ([`Admission::Paced`],
+//! [`GrantSource::Paced`]). The engine reports those waits
+//! ([`crate::RetryReport::rate_limit_wait`]); a wait spends no attempt.
+//! Why and how the rate is found: the `pacing` module's docs, in
+//! `src/admission/pacing.rs`.
+//!
 //! # Writing your own
 //!
 //! [`RetryAdmission`] is object-safe; hedged requests can share one
@@ -75,8 +88,11 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::rate_limit::RateLimit;
+
 mod adaptive;
 mod breaker;
+mod pacing;
 mod partition;
 mod token_bucket;
 
@@ -92,8 +108,10 @@ pub use token_bucket::{TokenBucket, TokenBucketConfig};
 /// for; an implementation keeps its state per partition, or ignores it to
 /// decide for the whole client. The engine calls
 /// [`RetryAdmission::first_attempt`] when a logical operation starts,
-/// [`RetryAdmission::admit`] when a retry has slept its backoff and is
-/// about to be sent, and [`RetryAdmission::record`] after every attempt. Time comes from the policy's clock, so an implementation
+/// [`RetryAdmission::admit_first`] before the first attempt (unless the
+/// policy opts out), [`RetryAdmission::admit`] when a retry has slept its
+/// backoff and is about to be sent, and [`RetryAdmission::record`] after
+/// every attempt, with what the answer said about the host's rate. Time comes from the policy's clock, so an implementation
 /// is tested with a [`crate::ManualClock`] and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
@@ -111,6 +129,18 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// May this retry be sent now? Called after the backoff sleep, so a
     /// retry is counted when it is sent, not when it starts sleeping.
     fn admit(&self, partition: Partition, retry: RetryRequest, now: Instant) -> Admission;
+
+    /// May a first attempt be sent now? First attempts are never held back
+    /// by a budget; this asks only whether the host is being paced (it
+    /// throttled, or said its quota is spent): then the answer may be
+    /// [`Admission::Paced`], or a grant of [`GrantSource::Paced`] to pass
+    /// back in the attempt's [`AttemptRecord`]. `waited` is how long this
+    /// first attempt has waited so far. Any other answer sends it at once.
+    /// The default sends every first attempt at once.
+    fn admit_first(&self, partition: Partition, waited: Duration, now: Instant) -> Admission {
+        let _ = (partition, waited, now);
+        Admission::Admit(Grant::new(GrantSource::Free, 0.0))
+    }
 
     /// How an attempt ended, with the grant it was sent under (`None` for a
     /// first attempt).
@@ -166,6 +196,10 @@ pub enum Admission {
     Wait(Duration),
     /// Give up: the operation ends with `budget_exhausted`.
     Refuse,
+    /// Ask again after this long: the host is paced to the rate it accepts,
+    /// or its quota is spent until a reset (the engine bounds the wait by
+    /// the deadline; the report counts it as a wait for the server's rate).
+    Paced(Duration),
 }
 
 /// Why a retry was admitted, and what it cost.
@@ -187,6 +221,9 @@ pub enum GrantSource {
     Probe,
     /// Free: no admission control.
     Free,
+    /// A release slot of a paced host (one that throttled, or whose quota
+    /// is spent).
+    Paced,
 }
 
 impl Grant {
@@ -210,6 +247,11 @@ impl Grant {
     pub fn is_probe(&self) -> bool {
         self.source == GrantSource::Probe
     }
+
+    /// Whether it is a paced host's release slot.
+    pub fn is_paced(&self) -> bool {
+        self.source == GrantSource::Paced
+    }
 }
 
 /// How one attempt ended, as admission sees it.
@@ -230,6 +272,9 @@ pub struct AttemptRecord {
     attempt: u32,
     grant: Option<Grant>,
     result: AttemptResult,
+    throttled: bool,
+    retry_after: Option<Duration>,
+    rate_limit: Option<RateLimit>,
 }
 
 impl AttemptRecord {
@@ -240,7 +285,41 @@ impl AttemptRecord {
             attempt,
             grant,
             result,
+            throttled: false,
+            retry_after: None,
+            rate_limit: None,
         }
+    }
+
+    /// The answer was a throttling one (429, or 503 with Retry-After),
+    /// with the server's Retry-After if it sent one.
+    #[must_use]
+    pub fn throttled(mut self, retry_after: Option<Duration>) -> Self {
+        self.throttled = true;
+        self.retry_after = retry_after;
+        self
+    }
+
+    /// The answer carried rate-limit fields.
+    #[must_use]
+    pub fn with_rate_limit(mut self, rate_limit: RateLimit) -> Self {
+        self.rate_limit = Some(rate_limit);
+        self
+    }
+
+    /// Whether the answer was a throttling one.
+    pub fn was_throttled(&self) -> bool {
+        self.throttled
+    }
+
+    /// The Retry-After of a throttling answer.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The rate-limit fields the answer carried.
+    pub fn rate_limit(&self) -> Option<RateLimit> {
+        self.rate_limit
     }
 
     /// The attempt number, 1 for the first.

@@ -1,0 +1,573 @@
+//! A burst against a rate-limited API: every call through, at the server's
+//! pace. An in-process leaky-bucket server (nginx's `limit_req` with no
+//! burst: one request per `1 / rate`, the rest 429) below the retry
+//! middleware, on tokio's paused clock: no sockets, no real sleeping.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
+use tokio::time::Instant;
+
+/// What the server answers when it throttles.
+#[derive(Debug, Clone, Copy)]
+enum Throttle {
+    /// 429 with `Retry-After: 1`.
+    RetryAfter,
+    /// A bare 429.
+    Bare,
+    /// 429 with `RateLimit: "default";r=0;t=<seconds until the next slot,
+    /// rounded up>` and `RateLimit-Policy: "default";q=<rate>;w=1`.
+    RateLimitFields,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    per_second: u32,
+    interval: Duration,
+    throttle: Throttle,
+    last_accept: Option<Instant>,
+    arrivals: usize,
+    accepted: usize,
+}
+
+/// A leaky bucket with no burst, answering in no time.
+#[derive(Debug, Clone)]
+struct LeakyBucket(Arc<Mutex<Bucket>>);
+
+impl LeakyBucket {
+    fn new(per_second: u32, throttle: Throttle) -> Self {
+        LeakyBucket(Arc::new(Mutex::new(Bucket {
+            per_second,
+            interval: Duration::from_secs(1) / per_second,
+            throttle,
+            last_accept: None,
+            arrivals: 0,
+            accepted: 0,
+        })))
+    }
+
+    fn arrivals(&self) -> usize {
+        self.0.lock().unwrap().arrivals
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for LeakyBucket {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let now = Instant::now();
+        let mut b = self.0.lock().unwrap();
+        b.arrivals += 1;
+        let free = b.last_accept.map_or(now, |last| last + b.interval);
+        let mut response = http::Response::builder();
+        if now >= free {
+            b.last_accept = Some(now);
+            b.accepted += 1;
+            response = response.status(200);
+        } else {
+            response = response.status(429);
+            match b.throttle {
+                Throttle::RetryAfter => response = response.header("retry-after", "1"),
+                Throttle::Bare => {}
+                Throttle::RateLimitFields => {
+                    let t = (free - now).as_secs_f64().ceil() as u64;
+                    response = response
+                        .header("ratelimit", format!("\"default\";r=0;t={t}"))
+                        .header(
+                            "ratelimit-policy",
+                            format!("\"default\";q={};w=1", b.per_second),
+                        );
+                }
+            }
+        }
+        Ok(Response::from(response.body(Vec::new()).unwrap()))
+    }
+}
+
+fn client(policy: RetryPolicy, server: &LeakyBucket) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .with(server.clone())
+        .build()
+}
+
+/// What a burst came to.
+#[derive(Debug)]
+struct Burst {
+    calls: usize,
+    succeeded: usize,
+    arrivals: usize,
+    /// When each call that succeeded ended, from the start of the burst,
+    /// sorted.
+    ended: Vec<Duration>,
+    /// When the last call ended, whatever its outcome.
+    last: Duration,
+    /// Calls that waited for the server's rate, and the longest wait.
+    waited: usize,
+    longest_wait: Duration,
+}
+
+impl Burst {
+    fn load(&self) -> f64 {
+        self.arrivals as f64 / self.calls as f64
+    }
+
+    fn within(&self, limit: Duration) -> usize {
+        self.ended.iter().filter(|e| **e <= limit).count()
+    }
+}
+
+/// `calls` GETs at once through one client against `server`.
+async fn burst(calls: usize, policy: RetryPolicy, server: &LeakyBucket) -> Burst {
+    let client = client(policy, server);
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..calls {
+        let client = client.clone();
+        set.spawn(async move {
+            let response = client
+                .get(format!("http://api.example/items/{i}"))
+                .send()
+                .await
+                .unwrap();
+            let report = response.retry_report().unwrap().clone();
+            (response.status().as_u16(), report, start.elapsed())
+        });
+    }
+    let mut out = Burst {
+        calls,
+        succeeded: 0,
+        arrivals: 0,
+        ended: Vec::new(),
+        last: Duration::ZERO,
+        waited: 0,
+        longest_wait: Duration::ZERO,
+    };
+    while let Some(joined) = set.join_next().await {
+        let (status, report, ended) = joined.unwrap();
+        if status == 200 {
+            assert_eq!(report.stop_reason(), StopReason::Success);
+            out.succeeded += 1;
+            out.ended.push(ended);
+        }
+        out.last = out.last.max(ended);
+        if report.waited_for_rate_limit() {
+            out.waited += 1;
+        }
+        out.longest_wait = out.longest_wait.max(report.rate_limit_wait());
+    }
+    out.ended.sort();
+    out.arrivals = server.arrivals();
+    out
+}
+
+fn seeded() -> RetryPolicy {
+    RetryPolicy::builder().seed(7).build().unwrap()
+}
+
+async fn twenty_calls_at_five_per_second(throttle: Throttle) -> Burst {
+    let server = LeakyBucket::new(5, throttle);
+    let b = burst(20, seeded(), &server).await;
+    println!("{throttle:?}: {b:?}, load {:.2}×", b.load());
+    assert_eq!(b.succeeded, 20, "{b:?}");
+    assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
+    assert!(b.ended[19] <= Duration::from_secs(6), "{b:?}");
+    b
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_at_five_per_second_with_retry_after_all_get_through() {
+    let b = twenty_calls_at_five_per_second(Throttle::RetryAfter).await;
+    assert!(
+        b.waited >= 15,
+        "the burst waited for the server's rate: {b:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_at_five_per_second_without_retry_after_all_get_through() {
+    twenty_calls_at_five_per_second(Throttle::Bare).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_calls_against_a_spent_quota_wait_for_its_reset() {
+    twenty_calls_at_five_per_second(Throttle::RateLimitFields).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_hundred_calls_at_twenty_per_second_take_near_the_ideal_time() {
+    for throttle in [Throttle::RetryAfter, Throttle::Bare] {
+        let server = LeakyBucket::new(20, throttle);
+        let b = burst(200, seeded(), &server).await;
+        // Ideal: 200 calls at 20 per second, 10 s.
+        let in_time = b.within(Duration::from_millis(15_000));
+        println!(
+            "{throttle:?}: {}/200 succeeded, {in_time} within 15 s, last at {:?}, load {:.2}×",
+            b.succeeded,
+            b.last,
+            b.load()
+        );
+        assert!(in_time >= 198, "{in_time}/200 within 1.5× the ideal time");
+        assert!(b.succeeded >= 198, "{b:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_pacing_the_same_burst_loses_calls() {
+    // The same burst with no admission at all (so no pacing): what the
+    // lines above are measured against.
+    for throttle in [Throttle::RetryAfter, Throttle::Bare] {
+        let server = LeakyBucket::new(5, throttle);
+        let policy = RetryPolicy::builder().seed(7).no_budget().build().unwrap();
+        let b = burst(20, policy, &server).await;
+        println!(
+            "unpaced {throttle:?}: {}/20, load {:.2}×",
+            b.succeeded,
+            b.load()
+        );
+        assert!(b.succeeded < 20 && b.load() > 1.5, "{b:?}");
+        assert_eq!(b.waited, 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_report_and_the_metrics_say_who_waited_for_the_servers_rate() {
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let policy = seeded();
+    let b = burst(20, policy.clone(), &server).await;
+    let m = policy.metrics().snapshot();
+    // The throttling answers are counted apart from failures.
+    assert_eq!(m.throttled as usize, b.arrivals - 20, "{m:?}");
+    assert_eq!(m.first_attempt_failures, 0, "{m:?}");
+    assert_eq!(m.final_failures, 0);
+    assert!(m.rate_limit_waits >= 19, "{m:?}");
+    // The last call waited for the server's rate for most of the burst.
+    assert!(b.longest_wait >= Duration::from_secs(4), "{b:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_attempts_can_be_left_unpaced() {
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let policy = RetryPolicy::builder()
+        .seed(7)
+        .pace_first_attempts(false)
+        .build()
+        .unwrap();
+    let b = burst(20, policy, &server).await;
+    // Every first attempt went at once (19 rejected); the retries are paced.
+    assert!(b.arrivals >= 39, "{b:?}");
+    assert!(b.succeeded >= 18, "{b:?}");
+}
+
+/// A server that answers 200 with `X-RateLimit-Remaining: 0` and a reset
+/// in `reset` seconds, and counts when each request arrived.
+#[derive(Debug, Clone, Default)]
+struct QuotaSpent(Arc<Mutex<Vec<Instant>>>);
+
+#[async_trait::async_trait]
+impl Middleware for QuotaSpent {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        self.0.lock().unwrap().push(Instant::now());
+        let response = http::Response::builder()
+            .status(200)
+            .header("x-ratelimit-remaining", "0")
+            .header("x-ratelimit-reset", "3")
+            .body(Vec::new())
+            .unwrap();
+        Ok(Response::from(response))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_with_no_quota_left_gets_no_request_until_its_reset() {
+    let server = QuotaSpent::default();
+    let policy = seeded();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy.clone()))
+        .with(server.clone())
+        .build();
+    let start = Instant::now();
+    let first = client.get("http://quota.example/").send().await.unwrap();
+    assert!(!first.retry_report().unwrap().waited_for_rate_limit());
+    // The next first attempt waits for the reset, three seconds later.
+    let second = client.get("http://quota.example/").send().await.unwrap();
+    let report = second.retry_report().unwrap();
+    let arrivals = server.0.lock().unwrap().clone();
+    assert_eq!(arrivals.len(), 2);
+    assert!(
+        arrivals[1] - start >= Duration::from_secs(3),
+        "{arrivals:?}"
+    );
+    assert!(
+        report.rate_limit_wait() >= Duration::from_secs(3),
+        "{report:?}"
+    );
+    // Another host is not held.
+    let other = client.get("http://other.example/").send().await.unwrap();
+    assert!(!other.retry_report().unwrap().waited_for_rate_limit());
+    // Opted out, a first attempt goes at once.
+    let unpaced = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(
+            RetryPolicy::builder()
+                .seed(7)
+                .pace_first_attempts(false)
+                .build()
+                .unwrap(),
+        ))
+        .with(server.clone())
+        .build();
+    for _ in 0..2 {
+        let r = unpaced.get("http://quota.example/").send().await.unwrap();
+        assert!(!r.retry_report().unwrap().waited_for_rate_limit());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_beyond_the_deadline_is_not_waited_for() {
+    // A hostile reset (a Unix time far in the future): the first attempt
+    // never sleeps past its deadline's last window; it goes and the server
+    // answers.
+    #[derive(Debug, Clone)]
+    struct FarReset;
+    #[async_trait::async_trait]
+    impl Middleware for FarReset {
+        async fn handle(
+            &self,
+            _req: Request,
+            _extensions: &mut Extensions,
+            _next: Next<'_>,
+        ) -> reqwest_middleware::Result<Response> {
+            let response = http::Response::builder()
+                .status(200)
+                .header("x-ratelimit-remaining", "0")
+                .header("x-ratelimit-reset", "999999999999999")
+                .body(Vec::new())
+                .unwrap();
+            Ok(Response::from(response))
+        }
+    }
+    let policy = RetryPolicy::builder()
+        .seed(7)
+        .deadline(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .with(FarReset)
+        .build();
+    let start = Instant::now();
+    client.get("http://far.example/").send().await.unwrap();
+    let r = client.get("http://far.example/").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// The table in BENCHMARKS.md: `cargo test --test rate_limited --
+/// --nocapture table`. Deterministic: paused clock, fixed
+/// seeds.
+#[tokio::test(start_paused = true)]
+async fn table() {
+    type Make = fn() -> RetryPolicy;
+    let policies: [(&str, Make); 3] = [
+        ("default (paced)", seeded),
+        ("first attempts unpaced", || {
+            RetryPolicy::builder()
+                .seed(7)
+                .pace_first_attempts(false)
+                .build()
+                .unwrap()
+        }),
+        ("no admission (no pacing)", || {
+            RetryPolicy::builder().seed(7).no_budget().build().unwrap()
+        }),
+    ];
+    println!("| server | client | succeeded | arrivals / calls | last call ended | succeeded within 1.5× the ideal time |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (calls, rate) in [(20usize, 5u32), (200, 20)] {
+        for (throttle, label) in [
+            (Throttle::RetryAfter, "429 + `Retry-After: 1`"),
+            (Throttle::Bare, "bare 429"),
+            (
+                Throttle::RateLimitFields,
+                "429 + `RateLimit`/`RateLimit-Policy`",
+            ),
+        ] {
+            for (name, policy) in &policies {
+                let server = LeakyBucket::new(rate, throttle);
+                let b = burst(calls, policy(), &server).await;
+                let ideal = Duration::from_secs_f64(calls as f64 / f64::from(rate));
+                println!(
+                    "| {calls} calls, {rate}/s, {label} | {name} | {}/{calls} | {:.2}× | {:.1} s | {}/{calls} |",
+                    b.succeeded,
+                    b.load(),
+                    b.last.as_secs_f64(),
+                    b.within(ideal.mul_f64(1.5)),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn one_hosts_throttling_never_paces_another() {
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
+        Partition, RetryAdmission, RetryKind, RetryRequest,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let (limited, other) = (Partition::named("limited"), Partition::named("other"));
+    let now = std::time::Instant::now();
+    let throttled =
+        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(Some(Duration::from_secs(1)));
+    a.record(limited, throttled, now);
+    assert!(a.pace_rate(limited).is_some());
+    let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO);
+    // The throttled host's retry and first attempt wait for its
+    // Retry-After…
+    assert_eq!(
+        a.admit(limited, retry, now),
+        Admission::Paced(Duration::from_secs(1))
+    );
+    assert_eq!(
+        a.admit_first(limited, Duration::ZERO, now),
+        Admission::Paced(Duration::from_secs(1))
+    );
+    // …and then go one per slot, not as a wave.
+    let later = now + Duration::from_secs(1);
+    let Admission::Admit(grant) = a.admit(limited, retry, later) else {
+        panic!()
+    };
+    assert_eq!(grant.source(), GrantSource::Paced);
+    assert!(matches!(
+        a.admit_first(limited, Duration::ZERO, later),
+        Admission::Paced(_)
+    ));
+    // The other host is neither paced nor held.
+    assert_eq!(a.pace_rate(other), None);
+    let Admission::Admit(grant) = a.admit(other, retry, now) else {
+        panic!()
+    };
+    assert_eq!(grant.source(), GrantSource::Token);
+    assert!(matches!(
+        a.admit_first(other, Duration::ZERO, now),
+        Admission::Admit(_)
+    ));
+}
+
+/// Answers every request 503 with `Retry-After: 1`: down, not rate-limited.
+#[derive(Debug, Clone, Default)]
+struct Down(Arc<Mutex<usize>>);
+
+#[async_trait::async_trait]
+impl Middleware for Down {
+    async fn handle(
+        &self,
+        _req: Request,
+        _extensions: &mut Extensions,
+        _next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        *self.0.lock().unwrap() += 1;
+        let response = http::Response::builder()
+            .status(503)
+            .header("retry-after", "1")
+            .body(Vec::new())
+            .unwrap();
+        Ok(Response::from(response))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_host_that_is_down_does_not_hold_new_calls_for_long() {
+    // 20 calls, then 20 more five seconds later, against a host that
+    // answers everything 503 with Retry-After: the new calls are not held
+    // past the hold, and the retries stay paced.
+    let server = Down::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(seeded()))
+        .with(server.clone())
+        .build();
+    let start = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for wave in 0..2u64 {
+        for _ in 0..20 {
+            let client = client.clone();
+            set.spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5 * wave)).await;
+                let began = Instant::now();
+                let r = client.get("http://down.example/").send().await.unwrap();
+                let waited = r.retry_report().unwrap().rate_limit_wait();
+                (began.elapsed(), wave, waited)
+            });
+        }
+    }
+    let mut longest = Duration::ZERO;
+    let mut second_wave_waits = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        let (took, wave, waited) = joined.unwrap();
+        longest = longest.max(took);
+        if wave == 1 {
+            second_wave_waits.push(waited);
+        }
+    }
+    let arrivals = *server.0.lock().unwrap();
+    println!(
+        "down: {arrivals} arrivals for 40 calls, longest call {longest:?}, all done at {:?}, second wave waited for a rate {second_wave_waits:?}",
+        start.elapsed()
+    );
+    // The outage admission's bounds, as for any outage: two waits for
+    // admission of at most 10 s, after backoffs of about a second.
+    assert!(arrivals <= 80, "{arrivals}");
+    assert!(longest <= Duration::from_millis(22_500), "{longest:?}");
+    // The host admitted nothing: new calls were not held for its rate.
+    assert!(
+        second_wave_waits.iter().all(|w| w.is_zero()),
+        "{second_wave_waits:?}"
+    );
+}
+
+#[test]
+fn pacing_ends_when_the_host_has_been_calm() {
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
+        RetryAdmission,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let host = Partition::named("calm");
+    let now = std::time::Instant::now();
+    a.record(
+        host,
+        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(None),
+        now,
+    );
+    assert!(a.pace_rate(host).is_some());
+    // Five seconds without a throttling answer or a release: a success
+    // ends the pacing, and new calls go at once.
+    let later = now + Duration::from_secs(5);
+    a.record(
+        host,
+        AttemptRecord::new(1, None, AttemptResult::Success),
+        later,
+    );
+    assert_eq!(a.pace_rate(host), None);
+    assert!(matches!(
+        a.admit_first(host, Duration::ZERO, later),
+        Admission::Admit(_)
+    ));
+}
