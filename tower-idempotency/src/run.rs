@@ -230,7 +230,7 @@ where
             Some(Settled::Stored) => Response::from_parts(parts, ResBody::from(body)),
             // Another request took the key over: what it stored, not ours,
             // is the key's answer.
-            Some(Settled::Lost) => claim.answer_lost(config).await,
+            Some(Settled::Lost) => claim.answer_lost().await,
             None => {
                 let detail = format!(
                     "the handler completed with status {} but the store failed to keep its \
@@ -312,9 +312,7 @@ impl Claim {
             Err(Retryable(false)) => None,
             // Retries (with their timer) live in a box: held inline, they
             // would make every request's future larger.
-            Err(Retryable(true)) => {
-                Box::pin(self.complete_retrying(&response(), self.config.completion_patience)).await
-            }
+            Err(Retryable(true)) => Box::pin(self.complete_retrying(&response())).await,
         }
     }
 
@@ -324,10 +322,9 @@ impl Claim {
     /// Boxed: a rare path.
     fn answer_lost<'a, B: From<Bytes> + Send + 'a>(
         &'a self,
-        config: &'a Config,
     ) -> Pin<Box<dyn Future<Output = Response<B>> + Send + 'a>> {
         Box::pin(async move {
-            let kept = &self.kept;
+            let (kept, config) = (&self.kept, &*self.config);
             tracing::error!(
                 key = kept.key,
                 "idempotency lease lost while the handler ran (taken over after it was stale); \
@@ -348,7 +345,7 @@ impl Claim {
     }
 
     /// The first attempt to store a handler's response, handing it over;
-    /// `None` if the store failed.
+    /// `Err` if the store failed.
     async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
         let kept = &self.kept;
         // Through the `dyn` (see `process`).
@@ -393,14 +390,10 @@ impl Claim {
     }
 
     /// The attempts after a failed first one, with a growing pause, for
-    /// up to `patience`.
-    async fn complete_retrying(
-        &self,
-        response: &StoredResponse,
-        patience: Duration,
-    ) -> Option<Settled> {
+    /// up to the layer's `completion_patience`.
+    async fn complete_retrying(&self, response: &StoredResponse) -> Option<Settled> {
         // `None`: a patience past what an `Instant` holds, never give up.
-        let give_up = tokio::time::Instant::now().checked_add(patience);
+        let give_up = tokio::time::Instant::now().checked_add(self.config.completion_patience);
         let mut pause = COMPLETE_BACKOFF;
         let mut attempt = 1;
         while give_up.is_none_or(|at| tokio::time::Instant::now() + pause <= at) {
