@@ -120,6 +120,7 @@ mod classify;
 mod engine;
 mod error;
 mod give_up;
+mod hedge;
 mod idempotency;
 mod inbound;
 mod keygen;
