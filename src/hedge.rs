@@ -16,6 +16,7 @@ use std::time::Duration;
 use http::Method;
 
 use crate::admission::Partition;
+use crate::idempotency::is_idempotent;
 use crate::runtime::lock;
 
 /// Hedging's settings: when a second copy of a slow request is sent.
@@ -62,8 +63,7 @@ impl HedgeConfig {
             *method,
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         );
-        let idempotent = matches!(*method, Method::PUT | Method::DELETE);
-        safe || (idempotent && self.idempotent_methods) || (keyed && self.keyed)
+        safe || (is_idempotent(method) && self.idempotent_methods) || (keyed && self.keyed)
     }
 }
 
