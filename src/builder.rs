@@ -15,6 +15,7 @@ use crate::admission::{
 use crate::backoff::{Backoff, Jitter};
 use crate::classify::Classifier;
 use crate::error::ConfigError;
+use crate::hedge::HedgeConfig;
 use crate::idempotency::{KeyFormat, KeyGenerator};
 use crate::metrics::Metrics;
 use crate::policy::{RetryPolicy, Rng, Settings};
@@ -55,6 +56,7 @@ pub struct RetryPolicyBuilder {
     pace_first_attempts: bool,
     admission: AdmissionChoice,
     circuit_breaker: Option<CircuitBreakerConfig>,
+    hedge: Option<HedgeConfig>,
     rng: Option<Rng>,
     sleeper: Arc<dyn Sleeper>,
     clock: Arc<dyn Clock>,
@@ -90,6 +92,7 @@ impl RetryPolicyBuilder {
             pace_first_attempts: true,
             admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
             circuit_breaker: None,
+            hedge: None,
             rng: None,
             sleeper: Arc::new(TokioSleeper),
             clock: Arc::new(SystemClock),
@@ -293,6 +296,23 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Turn on hedged requests: an attempt still unanswered after its
+    /// host's usual latency (the `percentile` of recent ones) gets a second
+    /// copy, and the first answer wins. Off by default, because it adds
+    /// load (at most `max_extra_load` of first attempts, and every hedge is
+    /// admitted by the retry admission like a retry). Only requests safe to
+    /// send twice are hedged; see [`HedgeConfig`].
+    pub fn hedge(mut self, config: HedgeConfig) -> Self {
+        self.hedge = Some(config);
+        self
+    }
+
+    /// Turn hedging off (the default).
+    pub fn no_hedge(mut self) -> Self {
+        self.hedge = None;
+        self
+    }
+
     /// Seed the random source, for reproducible delays. Never use the same
     /// seed on many clients in production: identical seeds recreate
     /// synchronized retries. Default: seeded from the OS.
@@ -341,7 +361,8 @@ impl RetryPolicyBuilder {
     /// attempt timeout or the minimum attempt window is zero, the deadline
     /// is shorter than the minimum attempt window (no attempt could ever
     /// start), a header name is invalid, or the admission's settings are
-    /// (a zero-capacity budget, for one).
+    /// (a zero-capacity budget, for one), or hedging's are (see
+    /// [`HedgeConfig`]: a percentile outside (0, 1], say).
     pub fn build(self) -> Result<RetryPolicy, ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::named("max_attempts", "must be at least 1"));
@@ -386,6 +407,9 @@ impl RetryPolicyBuilder {
             Some(config) => Some(Arc::new(CircuitBreaker::new(config, self.clock.now())?)),
             None => None,
         };
+        if let Some(hedge) = &self.hedge {
+            hedge.validate()?;
+        }
         let settings = Settings {
             max_attempts: self.max_attempts,
             backoff,
@@ -403,6 +427,7 @@ impl RetryPolicyBuilder {
             verdict_header: self.verdict_header?,
             deadline_header: self.deadline_header?,
             attempt_header: self.attempt_header?,
+            hedge: self.hedge,
         };
         let rng = self
             .rng
@@ -416,6 +441,7 @@ impl RetryPolicyBuilder {
             clock: self.clock,
             metrics: Arc::new(Metrics::default()),
             classifiers: self.classifiers.into(),
+            hedger: Arc::default(),
         })
     }
 }
@@ -430,6 +456,7 @@ impl fmt::Debug for RetryPolicyBuilder {
             .field("deadline", &self.deadline)
             .field("admission", &self.admission)
             .field("circuit_breaker", &self.circuit_breaker)
+            .field("hedge", &self.hedge)
             .finish_non_exhaustive()
     }
 }

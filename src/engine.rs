@@ -106,7 +106,8 @@ impl Verdict {
         }
     }
 
-    fn result(self) -> AttemptResult {
+    /// What admission records of an attempt with this verdict.
+    pub(crate) fn result(self) -> AttemptResult {
         match self {
             Verdict::Success => AttemptResult::Success,
             Verdict::Transient { .. } | Verdict::Stop { failed: true, .. } => {

@@ -1,13 +1,25 @@
-//! Hedging's parts (issue 17), kept out of the attempt loop: the
-//! configuration, the per-host latency tracker that gives the hedge delay,
-//! and the extra-load budget.
+//! Hedged requests: when a request is slower than its host usually is,
+//! a second copy goes out and the first answer wins.
 //!
-//! Not wired into the engine or the middleware yet, and not exported: no
-//! request is hedged. This step adds the parts, tested on their own; the
-//! next sends the second copy (raced against the first, admitted by the
-//! same admission as retries), adds `RetryPolicyBuilder::hedge` and the
-//! per-request override, and exports `HedgeConfig`.
-#![allow(dead_code)] // Called by the middleware once hedging is wired in.
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{HedgeConfig, RetryPolicy};
+//!
+//! // A second copy of a GET after its host's p95 latency (at least 5 ms),
+//! // at most 5 % more requests, and each hedge admitted like a retry.
+//! let policy = RetryPolicy::builder()
+//!     .hedge(HedgeConfig {
+//!         min_delay: Duration::from_millis(5),
+//!         ..HedgeConfig::default()
+//!     })
+//!     .build()
+//!     .unwrap();
+//! # let _ = policy;
+//! ```
+//!
+//! The parts: the configuration and the safety rule, and the per-host
+//! latency tracker that gives the hedge delay with the extra-load budget.
+//! The race itself is the middleware's (`HttpAttempts::attempt`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,29 +28,50 @@ use std::time::Duration;
 use http::Method;
 
 use crate::admission::Partition;
+use crate::error::ConfigError;
 use crate::idempotency::is_idempotent;
 use crate::runtime::lock;
 
 /// Hedging's settings: when a second copy of a slow request is sent.
-/// Off unless a policy (or a request) sets one.
+/// Off unless a policy ([`crate::RetryPolicyBuilder::hedge`]) or a request
+/// ([`crate::RequestOptions::hedge`]) turns it on.
+///
+/// A hedge is sent when an attempt has waited its host's `percentile`
+/// latency (clamped to `min_delay..=max_delay`) without an answer, the
+/// host has `min_samples` latencies on record, the host's hedge budget
+/// (`max_extra_load` of its first attempts) has a hedge left, and the
+/// policy's retry admission admits it like a retry (of
+/// [`crate::RetryKind::Hedge`]). The first answer wins and the other copy is
+/// dropped, its connection closed; a copy that fails transiently does not
+/// end the attempt while the other is still in flight. Both copies carry
+/// the same idempotency key and end by the attempt's timeout and the
+/// deadline.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct HedgeConfig {
-    /// The latency percentile, per host, after which the second copy goes
-    /// (0.95: p95).
-    pub(crate) percentile: f64,
-    /// The shortest hedge delay, whatever the percentile says.
-    pub(crate) min_delay: Duration,
-    /// The longest hedge delay.
-    pub(crate) max_delay: Duration,
-    /// Samples a host needs before it is hedged at all.
-    pub(crate) min_samples: u32,
-    /// Extra load allowed, as a fraction of first attempts (0.05: 5 %).
-    pub(crate) max_extra_load: f64,
+pub struct HedgeConfig {
+    /// The latency percentile, per host, after which the second copy goes.
+    /// Default 0.95 (p95): about one request in twenty is hedged while
+    /// the host is as usual.
+    pub percentile: f64,
+    /// The shortest hedge delay, whatever the percentile says. Default 1 ms.
+    pub min_delay: Duration,
+    /// The longest hedge delay. Default 1 s.
+    pub max_delay: Duration,
+    /// Latencies a host needs on record before it is hedged at all
+    /// (1..=500; recent latencies weigh most, so more are never kept).
+    /// Default 100.
+    pub min_samples: u32,
+    /// Extra load allowed per host, as a fraction of its first attempts
+    /// (0 to 1). Default 0.05: at most 5 % more requests.
+    pub max_extra_load: f64,
     /// Hedge PUT and DELETE too (GET, HEAD, OPTIONS and TRACE always are).
-    pub(crate) idempotent_methods: bool,
-    /// Hedge requests that carry an idempotency key (a server with Stripe
-    /// semantics answers the later copy 409 "in progress").
-    pub(crate) keyed: bool,
+    /// Default off.
+    pub idempotent_methods: bool,
+    /// Hedge requests that carry an idempotency key (a POST with a key).
+    /// Default off: a server with Stripe's semantics answers the later copy
+    /// `409 Conflict` while the first is in progress, so the hedge only
+    /// helps when the first copy never reached the server. An unkeyed POST
+    /// or PATCH is never hedged.
+    pub keyed: bool,
 }
 
 impl Default for HedgeConfig {
@@ -64,6 +97,32 @@ impl HedgeConfig {
             Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
         );
         safe || (is_idempotent(method) && self.idempotent_methods) || (keyed && self.keyed)
+    }
+
+    /// Checks every setting, naming the first that is out of range.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.percentile > 0.0 && self.percentile <= 1.0) {
+            return Err(ConfigError::named(
+                "hedge.percentile",
+                "must be above 0 and at most 1",
+            ));
+        }
+        if self.max_delay.is_zero() || self.max_delay < self.min_delay {
+            return Err(ConfigError::named(
+                "hedge.max_delay",
+                "must be above zero and at least min_delay",
+            ));
+        }
+        if self.min_samples == 0 || self.min_samples > WINDOW / 2 {
+            return Err(ConfigError::named(
+                "hedge.min_samples",
+                "must be 1 to 500 (no more latencies are kept)",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_extra_load) {
+            return Err(ConfigError::named("hedge.max_extra_load", "must be 0 to 1"));
+        }
+        Ok(())
     }
 }
 
@@ -143,41 +202,30 @@ fn upper(i: usize) -> Duration {
 }
 
 /// The per-host latency tracker and extra-load budget, shared by every
-/// clone of a policy.
-#[derive(Debug)]
+/// clone of a policy. Its settings come with each call, so a request's own
+/// [`HedgeConfig`] reads the same latencies.
+#[derive(Debug, Default)]
 pub(crate) struct Hedger {
-    config: HedgeConfig,
     hosts: Mutex<HashMap<Partition, Host>>,
 }
 
 impl Hedger {
-    pub(crate) fn new(config: HedgeConfig) -> Self {
-        Hedger {
-            config,
-            hosts: Mutex::new(HashMap::new()),
-        }
-    }
-
-    pub(crate) fn config(&self) -> &HedgeConfig {
-        &self.config
-    }
-
     /// A first attempt to `host` earns the budget its share.
-    pub(crate) fn first_attempt(&self, host: Partition) {
+    pub(crate) fn first_attempt(&self, config: &HedgeConfig, host: Partition) {
         self.with_host(host, |h| {
-            h.tokens = (h.tokens + self.config.max_extra_load).min(MAX_TOKENS);
+            h.tokens = (h.tokens + config.max_extra_load).min(MAX_TOKENS);
         });
     }
 
-    /// An attempt to `host` answered after `latency`.
+    /// An attempt to `host` answered after `latency` (or was given up
+    /// after it: the latency is at least that).
     pub(crate) fn record(&self, host: Partition, latency: Duration) {
         self.with_host(host, |h| h.record(latency));
     }
 
     /// How long to wait before hedging a request to `host`: `None` before
     /// enough samples.
-    pub(crate) fn delay(&self, host: Partition) -> Option<Duration> {
-        let c = &self.config;
+    pub(crate) fn delay(&self, c: &HedgeConfig, host: Partition) -> Option<Duration> {
         let hosts = lock(&self.hosts);
         let h = hosts.get(&host)?;
         if h.total < c.min_samples {
@@ -199,6 +247,11 @@ impl Hedger {
             }
             _ => false,
         }
+    }
+
+    /// Gives back a hedge spent and then not sent (admission refused it).
+    pub(crate) fn refund(&self, host: Partition) {
+        self.with_host(host, |h| h.tokens = (h.tokens + 1.0).min(MAX_TOKENS));
     }
 
     fn with_host(&self, host: Partition, f: impl FnOnce(&mut Host)) {
@@ -223,26 +276,28 @@ mod tests {
 
     #[test]
     fn no_delay_before_enough_samples() {
-        let h = Hedger::new(HedgeConfig::default());
+        let cfg = HedgeConfig::default();
+        let h = Hedger::default();
         for _ in 0..99 {
             h.record(host(), 2 * MS);
         }
-        assert_eq!(h.delay(host()), None);
+        assert_eq!(h.delay(&cfg, host()), None);
         h.record(host(), 2 * MS);
-        assert!(h.delay(host()).is_some());
+        assert!(h.delay(&cfg, host()).is_some());
     }
 
     #[test]
     fn the_delay_is_the_hosts_p95_within_a_bucket() {
-        let h = Hedger::new(HedgeConfig::default());
+        let cfg = HedgeConfig::default();
+        let h = Hedger::default();
         // 97 % at 2 ms, 3 % at 300 ms: p95 is in the fast cluster.
         for i in 0..1000 {
             h.record(host(), if i % 100 < 3 { 300 * MS } else { 2 * MS });
         }
-        let d = h.delay(host()).unwrap();
+        let d = h.delay(&cfg, host()).unwrap();
         assert!(d >= 2 * MS && d <= 2 * MS * 5 / 4, "{d:?}");
         // Another host is not hedged on this one's samples.
-        assert_eq!(h.delay(Partition::named("b")), None);
+        assert_eq!(h.delay(&cfg, Partition::named("b")), None);
     }
 
     #[test]
@@ -253,12 +308,12 @@ mod tests {
             max_delay: 50 * MS,
             ..HedgeConfig::default()
         };
-        let h = Hedger::new(cfg);
+        let h = Hedger::default();
         h.record(host(), MS / 10);
-        assert_eq!(h.delay(host()), Some(5 * MS));
-        let h = Hedger::new(cfg);
+        assert_eq!(h.delay(&cfg, host()), Some(5 * MS));
+        let h = Hedger::default();
         h.record(host(), Duration::from_secs(9));
-        assert_eq!(h.delay(host()), Some(50 * MS));
+        assert_eq!(h.delay(&cfg, host()), Some(50 * MS));
     }
 
     #[test]
@@ -267,28 +322,135 @@ mod tests {
             min_samples: 1,
             ..HedgeConfig::default()
         };
-        let h = Hedger::new(cfg);
+        let h = Hedger::default();
         for _ in 0..1000 {
             h.record(host(), 100 * MS);
         }
         for _ in 0..3000 {
             h.record(host(), 2 * MS);
         }
-        assert!(h.delay(host()).unwrap() < 3 * MS);
+        assert!(h.delay(&cfg, host()).unwrap() < 3 * MS);
     }
 
     #[test]
     fn the_budget_is_five_percent_of_first_attempts() {
-        let h = Hedger::new(HedgeConfig::default());
+        let h = Hedger::default();
         let mut hedges = 0;
         for _ in 0..1000 {
-            h.first_attempt(host());
+            h.first_attempt(&HedgeConfig::default(), host());
             if h.spend(host()) {
                 hedges += 1;
             }
         }
         assert!((49..=50).contains(&hedges), "{hedges}");
         assert!(!h.spend(Partition::named("b")));
+    }
+
+    #[test]
+    fn a_refused_hedge_is_given_back() {
+        let h = Hedger::default();
+        let cfg = HedgeConfig {
+            max_extra_load: 1.0,
+            ..HedgeConfig::default()
+        };
+        h.first_attempt(&cfg, host());
+        assert!(h.spend(host()));
+        assert!(!h.spend(host()));
+        h.refund(host());
+        assert!(h.spend(host()));
+    }
+
+    #[test]
+    fn a_busy_host_stays_hedged_past_the_window() {
+        // The counts are halved at the window; the most samples a host may
+        // need must stay reachable after that.
+        let cfg = HedgeConfig {
+            min_samples: WINDOW / 2,
+            ..HedgeConfig::default()
+        };
+        assert_eq!(cfg.validate(), Ok(()));
+        let h = Hedger::default();
+        for i in 0..5000 {
+            h.record(host(), 2 * MS);
+            if i >= 600 {
+                assert!(h.delay(&cfg, host()).is_some(), "sample {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused() {
+        let ok = HedgeConfig::default();
+        assert_eq!(ok.validate(), Ok(()));
+        let bad = [
+            (
+                "hedge.percentile",
+                HedgeConfig {
+                    percentile: 0.0,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.percentile",
+                HedgeConfig {
+                    percentile: 1.5,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.percentile",
+                HedgeConfig {
+                    percentile: f64::NAN,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.max_delay",
+                HedgeConfig {
+                    max_delay: Duration::ZERO,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.max_delay",
+                HedgeConfig {
+                    min_delay: 2 * ok.max_delay,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.min_samples",
+                HedgeConfig {
+                    min_samples: 0,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.min_samples",
+                HedgeConfig {
+                    min_samples: WINDOW / 2 + 1,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.max_extra_load",
+                HedgeConfig {
+                    max_extra_load: -0.1,
+                    ..ok
+                },
+            ),
+            (
+                "hedge.max_extra_load",
+                HedgeConfig {
+                    max_extra_load: f64::INFINITY,
+                    ..ok
+                },
+            ),
+        ];
+        for (setting, cfg) in bad {
+            let err = cfg.validate().unwrap_err();
+            assert_eq!(err.setting(), setting, "{cfg:?}");
+        }
     }
 
     #[test]

@@ -154,6 +154,7 @@ pub use classify::{
 pub use engine::{retry, retry_in, AttemptContext, Outcome};
 pub use error::{ConfigError, KeyError, RetryError};
 pub use give_up::{GiveUp, DEFAULT_VERDICT_HEADER};
+pub use hedge::HedgeConfig;
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub use inbound::{InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer};
 pub use middleware::RetryMiddleware;

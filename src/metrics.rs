@@ -59,6 +59,10 @@ pub mod names {
     /// Counter: calls given up because another attempt would not fit the
     /// deadline.
     pub const DEADLINE_GIVE_UPS: &str = "reqwest_safe_retry.deadline_give_ups";
+    /// Counter: hedges sent (second copies of a slow attempt).
+    pub const HEDGES: &str = "reqwest_safe_retry.hedges";
+    /// Counter: of the hedges, those whose answer was used.
+    pub const HEDGE_WINS: &str = "reqwest_safe_retry.hedge_wins";
     /// Histogram: attempts per finished call (1 for a call that was not
     /// retried).
     pub const ATTEMPTS: &str = "reqwest_safe_retry.attempts";
@@ -122,6 +126,16 @@ pub fn describe_metrics() {
         Unit::Count,
         "Calls given up because another attempt would not fit the deadline"
     );
+    describe_counter!(
+        names::HEDGES,
+        Unit::Count,
+        "Hedges sent: second copies of an attempt slower than its host's usual latency"
+    );
+    describe_counter!(
+        names::HEDGE_WINS,
+        Unit::Count,
+        "Hedges whose answer was used"
+    );
     describe_histogram!(names::ATTEMPTS, Unit::Count, "Attempts per finished call");
 }
 
@@ -154,6 +168,8 @@ pub struct Metrics {
     circuit_rejections: AtomicU64,
     throttled: AtomicU64,
     rate_limit_waits: AtomicU64,
+    hedges: AtomicU64,
+    hedge_wins: AtomicU64,
     attempts: [AtomicU64; BUCKETS],
 }
 
@@ -193,6 +209,11 @@ pub struct MetricsSnapshot {
     /// Calls given up because another attempt would not fit the deadline
     /// (including a Retry-After longer than the time left).
     pub deadline_give_ups: u64,
+    /// Hedges sent: second copies of an attempt slower than its host's
+    /// usual latency (not counted in `retries` nor `admissions`).
+    pub hedges: u64,
+    /// Of the hedges, those whose answer was used.
+    pub hedge_wins: u64,
     /// `attempts_per_call[i]` counts calls that made `i + 1` attempts; the
     /// last bucket counts calls that made more.
     pub attempts_per_call: Vec<u64>,
@@ -252,6 +273,16 @@ impl Metrics {
         publish!(DEADLINE_GIVE_UPS);
     }
 
+    pub(crate) fn hedged(&self) {
+        self.hedges.fetch_add(1, Ordering::Relaxed);
+        publish!(HEDGES);
+    }
+
+    pub(crate) fn hedge_won(&self) {
+        self.hedge_wins.fetch_add(1, Ordering::Relaxed);
+        publish!(HEDGE_WINS);
+    }
+
     pub(crate) fn circuit_refused(&self) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.final_failures.fetch_add(1, Ordering::Relaxed);
@@ -286,6 +317,8 @@ impl Metrics {
             circuit_rejections: get(&self.circuit_rejections),
             throttled: get(&self.throttled),
             rate_limit_waits: get(&self.rate_limit_waits),
+            hedges: get(&self.hedges),
+            hedge_wins: get(&self.hedge_wins),
             attempts_per_call: self.attempts.iter().map(get).collect(),
         }
     }

@@ -15,19 +15,25 @@
 //! ```
 
 use std::fmt;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 
 use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::admission::{Partition, RetryKind};
+use crate::admission::{
+    Admission, AttemptRecord, AttemptResult, Grant, Partition, RetryKind, RetryRequest,
+};
 use crate::classify::{self, server_verdict, Class, Classifier, DefaultClassifier, HttpAttempt};
 use crate::engine::{shorter, Attempt, AttemptContext, Limits, Outcome, Run, Signal, Verdict};
 use crate::error::{CircuitOpen, KeyError, RetryError};
+use crate::hedge::HedgeConfig;
 use crate::idempotency::{IdempotencyKey, SharedKey};
 use crate::options::{KeyChoice, RequestOptions};
 use crate::policy::RetryPolicy;
@@ -135,6 +141,17 @@ impl Middleware for RetryMiddleware {
                 return Box::pin(std::future::ready(Err(refused(report, CircuitOpen))));
             }
         }
+        // Hedged only when the safety rule lets the request be sent twice:
+        // then each first attempt earns its host's hedge budget its share.
+        let keyed = key.is_some();
+        let hedge = match options.and_then(|o| o.hedge) {
+            Some(choice) => choice,
+            None => settings.hedge,
+        }
+        .filter(|config| config.may_hedge(request.method(), keyed));
+        if let Some(config) = &hedge {
+            policy.hedger.first_attempt(config, partition);
+        }
         let mut run = Run::start(policy, limits, partition);
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
@@ -144,8 +161,16 @@ impl Middleware for RetryMiddleware {
                 policy,
                 classifier,
                 keyed: run.report.idempotency_key.is_some(),
+                max_attempts: limits.max_attempts,
             },
-            max_attempts: limits.max_attempts,
+            hedging: hedge.map(|config| {
+                Box::new(Hedging {
+                    config,
+                    partition,
+                    sent: AtomicU32::new(0),
+                    won: AtomicU32::new(0),
+                })
+            }),
             key_header,
             caller_timeout: request.timeout().copied(),
             request: Some(request),
@@ -155,7 +180,12 @@ impl Middleware for RetryMiddleware {
         // An async block, not an `async fn`: it keeps the run and the
         // attempts in place instead of a second copy of each.
         let call = async move {
-            let (result, report) = run.drive(&mut attempts).await;
+            let (result, mut report) = run.drive(&mut attempts).await;
+            if let Some(hedging) = &attempts.hedging {
+                let count = |n: &AtomicU32| u16::try_from(n.load(Ordering::Relaxed));
+                report.hedges = count(&hedging.sent).unwrap_or(u16::MAX);
+                report.hedge_wins = count(&hedging.won).unwrap_or(u16::MAX);
+            }
             if let Some(slot) = attempts.extensions.get::<ReportSlot>() {
                 slot.fill(report.clone());
             }
@@ -210,7 +240,9 @@ impl RetryMiddleware {
 /// each attempt needs.
 struct HttpAttempts<'a> {
     judge: Judge<'a>,
-    max_attempts: u32,
+    /// Hedging, when this request may be hedged (boxed: a request that is
+    /// not carries one pointer for it).
+    hedging: Option<Box<Hedging>>,
     /// The key header each attempt adds to the request it sends (`None`
     /// when there is no key, or when the caller's request carries its own):
     /// the copy kept for the next attempt then holds the caller's headers
@@ -243,37 +275,81 @@ impl Attempt for HttpAttempts<'_> {
     // The request is prepared before the future is built, so the future
     // holds only the send in flight and what the verdict needs.
     fn attempt(&mut self, ctx: AttemptContext) -> impl Future<Output = Outcome<Self::Output>> {
-        let sending = self.request.take().map(|mut request| {
-            // A copy for the next attempt; `None` when the body is a stream,
-            // which is sent once, or when no attempt can follow this one.
-            let last = ctx.attempt() >= self.max_attempts;
-            self.request = if last { None } else { request.try_clone() };
-            let cloneable = last || self.request.is_some();
-            // reqwest keeps the timeout in an extension map that it allocates
-            // on the first write: write only a timeout the request lacks.
-            let timeout = shorter(self.caller_timeout, ctx.timeout());
-            if timeout != self.caller_timeout {
-                *request.timeout_mut() = timeout;
+        let sending = match self.request.take() {
+            None => Sending::Nothing,
+            Some(mut request) => {
+                // A copy for the next attempt; `None` when the body is a
+                // stream, which is sent once, or when no attempt can follow
+                // this one.
+                let last = ctx.attempt() >= self.judge.max_attempts;
+                self.request = if last { None } else { request.try_clone() };
+                let cloneable = last || self.request.is_some();
+                // reqwest keeps the timeout in an extension map that it
+                // allocates on the first write: write only a timeout the
+                // request lacks.
+                let timeout = shorter(self.caller_timeout, ctx.timeout());
+                if timeout != self.caller_timeout {
+                    *request.timeout_mut() = timeout;
+                }
+                if let Some(value) = &self.key_header {
+                    let name = self.judge.policy.settings.key_header.clone();
+                    request.headers_mut().insert(name, value.clone());
+                }
+                stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
+                let method = request.method().clone();
+                match self.hedging.as_deref() {
+                    None => {
+                        let response = self.next.clone().run(request, self.extensions);
+                        Sending::Plain {
+                            method,
+                            cloneable,
+                            response,
+                        }
+                    }
+                    // Planned before the send borrows the extensions: the
+                    // copy sent as the hedge needs its own. Boxed, race and
+                    // all: only a hedged request pays for the race's state.
+                    Some(hedging) => {
+                        let hedge = plan_hedge(
+                            self.judge.policy,
+                            hedging,
+                            &request,
+                            self.extensions,
+                            &self.next,
+                            ctx,
+                            timeout,
+                        );
+                        let response = self.next.clone().run(request, self.extensions);
+                        Sending::Hedged(Box::pin(hedge.race(
+                            response,
+                            &self.judge,
+                            method,
+                            cloneable,
+                        )))
+                    }
+                }
             }
-            if let Some(value) = &self.key_header {
-                let name = self.judge.policy.settings.key_header.clone();
-                request.headers_mut().insert(name, value.clone());
-            }
-            stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
-            let method = request.method().clone();
-            let response = self.next.clone().run(request, self.extensions);
-            (method, cloneable, response)
-        });
+        };
         let judge = &self.judge;
         async move {
-            let Some((method, cloneable, response)) = sending else {
-                return Outcome::stop(
-                    Err(reqwest_middleware::Error::middleware(NothingToResend)),
-                    StopReason::BodyNotCloneable,
-                );
+            let (result, verdict) = match sending {
+                Sending::Nothing => {
+                    return Outcome::stop(
+                        Err(reqwest_middleware::Error::middleware(NothingToResend)),
+                        StopReason::BodyNotCloneable,
+                    );
+                }
+                Sending::Plain {
+                    method,
+                    cloneable,
+                    response,
+                } => {
+                    let result = response.await;
+                    let verdict = judge.verdict(&method, cloneable, &result);
+                    (result, verdict)
+                }
+                Sending::Hedged(race) => race.await,
             };
-            let result = response.await;
-            let verdict = judge.verdict(&method, cloneable, &result);
             let signal = judge.signal(&result, verdict);
             Outcome::new(result, verdict).with_signal(signal)
         }
@@ -287,13 +363,247 @@ impl Attempt for HttpAttempts<'_> {
     }
 }
 
+/// What an attempt's future waits for.
+enum Sending<'f> {
+    /// Nothing could be sent: the body was a stream, already sent once.
+    Nothing,
+    /// One copy, judged when it answers.
+    Plain {
+        method: http::Method,
+        cloneable: bool,
+        response: BoxFuture<'f, Answer>,
+    },
+    /// A hedged attempt's race, which judges the copies itself.
+    Hedged(BoxFuture<'f, (Answer, Verdict)>),
+}
+
+/// A request's hedging: its settings, its host, and the hedges it sent
+/// (counted by the attempts' races, which only share it).
+#[derive(Debug)]
+struct Hedging {
+    config: HedgeConfig,
+    /// The admission partition, which is also the hedger's host.
+    partition: Partition,
+    sent: AtomicU32,
+    /// Of those, the ones whose answer was used.
+    won: AtomicU32,
+}
+
+/// What hedging an attempt needs: when it started (its latency is
+/// recorded for its host), and the second copy, when the host has a hedge
+/// delay that ends before the attempt's timeout and the request can be
+/// copied.
+fn plan_hedge<'a, 'h>(
+    policy: &'a RetryPolicy,
+    hedging: &'h Hedging,
+    request: &Request,
+    extensions: &Extensions,
+    next: &Next<'a>,
+    ctx: AttemptContext,
+    timeout: Option<Duration>,
+) -> Hedge<'a, 'h> {
+    let started = policy.clock.now();
+    let copy = policy
+        .hedger
+        .delay(&hedging.config, hedging.partition)
+        .filter(|delay| timeout.is_none_or(|t| *delay < t))
+        .and_then(|delay| {
+            let request = request.try_clone()?;
+            Some(HedgeCopy {
+                delay,
+                request,
+                extensions: extensions.clone(),
+                next: next.clone(),
+                timeout,
+                ctx,
+            })
+        });
+    Hedge {
+        policy,
+        hedging,
+        started,
+        copy,
+    }
+}
+
+/// One attempt, timed for its host's latencies, and perhaps hedged.
+struct Hedge<'a, 'h> {
+    policy: &'a RetryPolicy,
+    hedging: &'h Hedging,
+    started: Instant,
+    copy: Option<HedgeCopy<'a>>,
+}
+
+/// The second copy of an attempt, sent if the first is not answered within
+/// `delay`.
+struct HedgeCopy<'a> {
+    delay: Duration,
+    request: Request,
+    extensions: Extensions,
+    next: Next<'a>,
+    /// The attempt's timeout, which the copy shares: it is sent with what
+    /// is left of it.
+    timeout: Option<Duration>,
+    ctx: AttemptContext,
+}
+
+/// Which copy of a hedged attempt answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Which {
+    First,
+    Hedge,
+}
+
+type Answer = reqwest_middleware::Result<Response>;
+
+impl Hedge<'_, '_> {
+    /// Records the first copy's latency, from its start to now, for its
+    /// host: an answer's, or a lower bound when it lost to the hedge.
+    fn record_latency(&self) {
+        let now = self.policy.clock.now();
+        let latency = now.saturating_duration_since(self.started);
+        self.policy.hedger.record(self.hedging.partition, latency);
+    }
+
+    /// Asks the host's hedge budget, then the retry admission: the grant
+    /// the hedge is sent under, or `None` (the budget's hedge given back
+    /// when the admission refuses). A hedge asks once and never waits.
+    fn admit(&self) -> Option<Grant> {
+        let policy = self.policy;
+        if !policy.hedger.spend(self.hedging.partition) {
+            return None;
+        }
+        let ask = RetryRequest::new(RetryKind::Hedge, Duration::ZERO);
+        if let Admission::Admit(grant) =
+            policy
+                .admission
+                .admit(self.hedging.partition, ask, policy.clock.now())
+        {
+            return Some(grant);
+        }
+        policy.hedger.refund(self.hedging.partition);
+        None
+    }
+
+    /// Waits for the first copy, sends the second once the hedge delay has
+    /// passed without an answer (and the budget and the admission allow
+    /// it), and returns the first answer that is not a transient failure
+    /// (the last one when both fail so). The other copy is dropped: its
+    /// request is abandoned and its connection closed, not reused.
+    async fn race(
+        mut self,
+        mut first: BoxFuture<'_, Answer>,
+        judge: &Judge<'_>,
+        method: http::Method,
+        cloneable: bool,
+    ) -> (Answer, Verdict) {
+        let policy = self.policy;
+        let judged = |result: Answer| {
+            let verdict = judge.verdict(&method, cloneable, &result);
+            (result, verdict)
+        };
+        let Some(copy) = self.copy.take() else {
+            let answer = first.await;
+            self.record_latency();
+            return judged(answer);
+        };
+        let mut sleep = policy.sleeper.sleep(copy.delay);
+        let early = poll_fn(|cx| match first.as_mut().poll(cx) {
+            Poll::Ready(answer) => Poll::Ready(Some(answer)),
+            Poll::Pending => sleep.as_mut().poll(cx).map(|()| None),
+        })
+        .await;
+        drop(sleep);
+        if let Some(answer) = early {
+            self.record_latency();
+            return judged(answer);
+        }
+        // The copy is sent with what is left of the attempt's time.
+        let elapsed = policy.clock.now().saturating_duration_since(self.started);
+        let left = copy.timeout.map(|t| t.saturating_sub(elapsed));
+        let grant = match left {
+            Some(left) if left.is_zero() => None,
+            _ => self.admit(),
+        };
+        let Some(grant) = grant else {
+            let answer = first.await;
+            self.record_latency();
+            return judged(answer);
+        };
+        let HedgeCopy {
+            mut request,
+            mut extensions,
+            next,
+            ctx,
+            ..
+        } = copy;
+        if left.is_some() {
+            *request.timeout_mut() = left;
+        }
+        stamp_headers(policy, &mut request, &ctx, left);
+        policy.metrics.hedged();
+        self.hedging.sent.fetch_add(1, Ordering::Relaxed);
+        let mut first = Some(first);
+        let mut second = Some(next.run(request, &mut extensions));
+        let mut hedge_result = AttemptResult::Other;
+        let (winner, answer, verdict) = loop {
+            let (which, answer) = poll_fn(|cx| {
+                if let Some(Poll::Ready(answer)) = first.as_mut().map(|f| f.as_mut().poll(cx)) {
+                    return Poll::Ready((Which::First, answer));
+                }
+                if let Some(Poll::Ready(answer)) = second.as_mut().map(|f| f.as_mut().poll(cx)) {
+                    return Poll::Ready((Which::Hedge, answer));
+                }
+                Poll::Pending
+            })
+            .await;
+            let (answer, verdict) = judged(answer);
+            match which {
+                Which::First => {
+                    first = None;
+                    self.record_latency();
+                }
+                Which::Hedge => {
+                    second = None;
+                    hedge_result = verdict.result();
+                }
+            }
+            // A transient failure of one copy waits for the other.
+            let in_flight = first.is_some() || second.is_some();
+            if !(in_flight && matches!(verdict, Verdict::Transient { .. })) {
+                break (which, answer, verdict);
+            }
+        };
+        if first.take().is_some() {
+            // The first copy lost: its latency was at least this long.
+            self.record_latency();
+        }
+        drop(second);
+        // The hedge won when its answer is the one used, unless both
+        // copies failed transiently (the attempt failed; nobody won).
+        let won = winner == Which::Hedge && !matches!(verdict, Verdict::Transient { .. });
+        if won {
+            policy.metrics.hedge_won();
+            self.hedging.won.fetch_add(1, Ordering::Relaxed);
+        }
+        let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
+        policy
+            .admission
+            .record(self.hedging.partition, record, policy.clock.now());
+        (answer, verdict)
+    }
+}
+
 /// What an attempt's verdict needs: the policy, the request's own
-/// classifier, and whether the request carries a key.
+/// classifier, whether the request carries a key, and how many attempts
+/// it may make.
 struct Judge<'a> {
     policy: &'a RetryPolicy,
     /// The request's own classifier, asked before the policy's.
     classifier: Option<Arc<dyn Classifier>>,
     keyed: bool,
+    /// Beside `keyed`, where it costs the future no room of its own.
+    max_attempts: u32,
 }
 
 impl Judge<'_> {

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use crate::admission::Partition;
 use crate::classify::Classifier;
+use crate::hedge::HedgeConfig;
 use crate::idempotency::IdempotencyKey;
 
 /// Settings for one request that override the policy's.
@@ -39,6 +40,8 @@ pub struct RequestOptions {
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) classifier: Option<Arc<dyn Classifier>>,
     pub(crate) partition: Option<Partition>,
+    /// `Some(None)`: not hedged; `Some(Some(c))`: hedged as `c` says.
+    pub(crate) hedge: Option<Option<HedgeConfig>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,6 +103,22 @@ impl RequestOptions {
         self
     }
 
+    /// Hedge this request as `config` says, whatever the policy's hedging
+    /// (the host's latencies are the same ones the policy's hedging reads).
+    /// An out-of-range setting is ignored: the policy's hedging applies.
+    pub fn hedge(mut self, config: HedgeConfig) -> Self {
+        if config.validate().is_ok() {
+            self.hedge = Some(Some(config));
+        }
+        self
+    }
+
+    /// Never hedge this request, whatever the policy's hedging.
+    pub fn no_hedge(mut self) -> Self {
+        self.hedge = Some(None);
+        self
+    }
+
     /// A classifier asked before the policy's.
     pub fn classifier(mut self, classifier: impl Classifier) -> Self {
         self.classifier = Some(Arc::new(classifier));
@@ -116,6 +135,7 @@ impl fmt::Debug for RequestOptions {
             .field("attempt_timeout", &self.attempt_timeout)
             .field("classifier", &self.classifier.is_some())
             .field("partition", &self.partition)
+            .field("hedge", &self.hedge)
             .finish()
     }
 }

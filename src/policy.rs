@@ -31,6 +31,7 @@ use crate::admission::{CircuitBreaker, RetryAdmission, TokenBucketConfig};
 use crate::backoff::{Backoff, Jitter};
 use crate::builder::RetryPolicyBuilder;
 use crate::classify::Classifier;
+use crate::hedge::{HedgeConfig, Hedger};
 use crate::idempotency::{KeyFormat, KeyGenerator};
 use crate::metrics::Metrics;
 use crate::runtime::{lock, Clock, Sleeper};
@@ -53,6 +54,8 @@ pub struct RetryPolicy {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) classifiers: Arc<[Arc<dyn Classifier>]>,
+    /// Latencies and hedge budgets per host, for hedged requests.
+    pub(crate) hedger: Arc<Hedger>,
 }
 
 #[derive(Debug, Clone)]
@@ -75,6 +78,8 @@ pub(crate) struct Settings {
     pub(crate) verdict_header: Option<HeaderName>,
     pub(crate) deadline_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
+    /// Hedging, when on.
+    pub(crate) hedge: Option<HedgeConfig>,
 }
 
 impl RetryPolicy {
@@ -143,6 +148,11 @@ impl RetryPolicy {
     /// The retry admission, shared by every clone and kept per host.
     pub fn admission(&self) -> &Arc<dyn RetryAdmission> {
         &self.admission
+    }
+
+    /// Hedging's settings, when the policy hedges.
+    pub fn hedge(&self) -> Option<&HedgeConfig> {
+        self.settings.hedge.as_ref()
     }
 
     /// The counters shared by every clone of this policy.

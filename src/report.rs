@@ -72,7 +72,8 @@ impl fmt::Display for StopReason {
 ///
 /// It serializes with durations in milliseconds:
 /// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"rate_limit_wait_ms":0.0,"elapsed_ms":90.1,
-/// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`.
+/// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`,
+/// followed by `"hedges":1,"hedge_wins":1` when a hedge was sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,
@@ -84,6 +85,10 @@ pub struct RetryReport {
     pub(crate) stop_reason: StopReason,
     pub(crate) retry_after_honoured: u32,
     pub(crate) partition: Partition,
+    /// u16, saturating: they fit beside the other counts, where the
+    /// middleware's future has room for them (`tests/future_size.rs`).
+    pub(crate) hedges: u16,
+    pub(crate) hedge_wins: u16,
 }
 
 impl RetryReport {
@@ -98,6 +103,8 @@ impl RetryReport {
             stop_reason: StopReason::Success,
             retry_after_honoured: 0,
             partition: Partition::SINGLE,
+            hedges: 0,
+            hedge_wins: 0,
         }
     }
 
@@ -159,13 +166,30 @@ impl RetryReport {
     pub fn retry_after_honoured(&self) -> u32 {
         self.retry_after_honoured
     }
+
+    /// Hedges sent: second copies of an attempt that was slower than its
+    /// host's usual latency (see [`crate::HedgeConfig`]). Not counted in
+    /// [`RetryReport::attempts`]: a hedge is part of the attempt it copies.
+    pub fn hedges(&self) -> u32 {
+        u32::from(self.hedges)
+    }
+
+    /// Of the hedges, those whose answer was the one used: it answered
+    /// first, or the first copy failed transiently while it was in flight
+    /// (when both copies fail transiently, neither won).
+    pub fn hedge_wins(&self) -> u32 {
+        u32::from(self.hedge_wins)
+    }
 }
 
 impl serde::Serialize for RetryReport {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let mut s = serializer.serialize_struct("RetryReport", 8)?;
+        // The hedge counts only when a hedge was sent: a report of a call
+        // that was not hedged reads as it always did.
+        let hedged = self.hedges > 0;
+        let mut s = serializer.serialize_struct("RetryReport", 8 + 2 * usize::from(hedged))?;
         s.serialize_field("attempts", &self.attempts)?;
         let delays: Vec<f64> = self.delays.iter().copied().map(ms).collect();
         s.serialize_field("delays_ms", &delays)?;
@@ -175,6 +199,10 @@ impl serde::Serialize for RetryReport {
         s.serialize_field("idempotency_key", &self.idempotency_key())?;
         s.serialize_field("stop_reason", &self.stop_reason)?;
         s.serialize_field("retry_after_honoured", &self.retry_after_honoured)?;
+        if hedged {
+            s.serialize_field("hedges", &self.hedges)?;
+            s.serialize_field("hedge_wins", &self.hedge_wins)?;
+        }
         s.end()
     }
 }

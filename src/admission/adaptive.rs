@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use super::pacing::Pace;
 use super::partition::{Bounds, Partition, Partitions};
 use super::{
-    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryRequest,
+    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryKind,
+    RetryRequest,
 };
 use crate::error::ConfigError;
 
@@ -431,6 +432,30 @@ impl AdaptiveAdmission {
 
     /// What an answer says about the host's rate: throttling, a spent
     /// quota, a success while paced.
+    /// A hedge is paid from the bucket alone, and only while no retry
+    /// waits and the host is not paced: never with a probe or a released
+    /// retry, so that once an outage has drained the bucket hedging adds
+    /// nothing, and never ahead of a retry in line. It never waits either
+    /// (a hedge that is late is useless), so it takes no place in line.
+    fn admit_hedge(
+        h: &mut Host,
+        c: &AdaptiveConfig,
+        paced: bool,
+        now: Instant,
+        stale: Duration,
+    ) -> Admission {
+        if paced {
+            return Admission::Refuse;
+        }
+        h.deposit(c);
+        h.prune_waiters(now, stale);
+        if h.waiters.is_empty() && h.tokens >= c.retry_cost {
+            h.tokens -= c.retry_cost;
+            return Admission::Admit(Grant::new(GrantSource::Token, c.retry_cost));
+        }
+        Admission::Refuse
+    }
+
     fn learn(&self, partition: Partition, attempt: &AttemptRecord, now: Instant) {
         let exhausted = attempt.rate_limit().filter(|r| r.exhausted());
         let success = attempt.result() == AttemptResult::Success;
@@ -489,6 +514,10 @@ impl RetryAdmission for AdaptiveAdmission {
         let arrival = now.checked_sub(retry.waited()).unwrap_or(now);
         let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
         self.host(partition, now, |h| {
+            if retry.kind() == RetryKind::Hedge {
+                let paced = self.pace(h, now).is_some_and(|p| p.governs(now));
+                return Self::admit_hedge(h, c, paced, now, stale);
+            }
             // A paced host's retries go out at its rate, not the budget's.
             if let Some(pace) = self.pace(h, now).filter(|p| p.governs(now)) {
                 return Self::release(pace, now);
@@ -646,5 +675,75 @@ mod tests {
         // control byte: what `max_partitions` documents.
         let per_host = std::mem::size_of::<Host>() + 16 + 8 + 1;
         assert!(per_host <= 200, "{per_host} bytes");
+    }
+
+    fn hedge() -> RetryRequest {
+        RetryRequest::new(RetryKind::Hedge, Duration::ZERO)
+    }
+
+    fn retry(waited: Duration) -> RetryRequest {
+        RetryRequest::new(RetryKind::Transient, waited)
+    }
+
+    #[test]
+    fn a_hedge_is_paid_from_the_bucket_and_never_waits() {
+        let a = AdaptiveAdmission::new(AdaptiveConfig {
+            capacity: 2.0,
+            first_attempt_deposit: 0.0,
+            ..AdaptiveConfig::default()
+        })
+        .unwrap();
+        let p = Partition::named("h");
+        let t0 = Instant::now();
+        assert!(
+            matches!(a.admit(p, hedge(), t0), Admission::Admit(g) if g.source() == GrantSource::Token)
+        );
+        assert!(matches!(a.admit(p, hedge(), t0), Admission::Admit(_)));
+        // Dry: a retry would wait for a probe; a hedge is refused at once,
+        // however long the host has been dry, and takes no place in line.
+        assert_eq!(a.admit(p, hedge(), t0), Admission::Refuse);
+        assert!(matches!(
+            a.admit(p, retry(Duration::ZERO), t0),
+            Admission::Wait(_)
+        ));
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(a.admit(p, hedge(), later), Admission::Refuse);
+        assert!(
+            matches!(a.admit(p, retry(Duration::ZERO), later), Admission::Admit(g) if g.is_probe()),
+            "the probe is still the retry's"
+        );
+        assert!(a.read(p, |h| h.waiters.is_empty()));
+    }
+
+    #[test]
+    fn a_hedge_never_goes_ahead_of_a_waiting_retry() {
+        let a = AdaptiveAdmission::new(AdaptiveConfig {
+            capacity: 1.0,
+            first_attempt_deposit: 0.5,
+            ..AdaptiveConfig::default()
+        })
+        .unwrap();
+        let p = Partition::named("h");
+        let t0 = Instant::now();
+        assert!(matches!(
+            a.admit(p, retry(Duration::ZERO), t0),
+            Admission::Admit(_)
+        ));
+        // A retry waits its turn (it asked twice, so it holds its place).
+        let t1 = t0 + Duration::from_millis(10);
+        assert!(matches!(
+            a.admit(p, retry(Duration::ZERO), t0),
+            Admission::Wait(_)
+        ));
+        assert!(matches!(a.admit(p, retry(t1 - t0), t1), Admission::Wait(_)));
+        // Two first attempts refill one token: the waiting retry's, not a
+        // hedge's.
+        a.first_attempt(p, t1);
+        a.first_attempt(p, t1);
+        assert_eq!(a.admit(p, hedge(), t1), Admission::Refuse);
+        assert!(matches!(
+            a.admit(p, retry(t1 - t0), t1),
+            Admission::Admit(_)
+        ));
     }
 }

@@ -158,6 +158,11 @@ pub enum RetryKind {
     Timeout,
     /// The server throttled the request (429).
     Throttled,
+    /// Not a retry: a second copy of a request still in flight, sent
+    /// because the first is slower than its host's usual latency (see
+    /// [`crate::HedgeConfig`]). A hedge asks once and never waits: an
+    /// answer other than [`Admission::Admit`] sends no hedge.
+    Hedge,
 }
 
 /// A retry asking for admission.

@@ -1,0 +1,590 @@
+//! Hedged requests (issue 17), on tokio's paused clock: a server below the
+//! middleware answers each request after a scripted latency, so the hedge
+//! delay, the budget, the winner and the cancelled copy are checked to the
+//! microsecond with no real sleeping.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::{
+    AdaptiveConfig, HedgeConfig, RequestOptions, RetryMiddleware, RetryPolicy, RetryPolicyBuilder,
+    RetryReport, RetryReportExt,
+};
+use tokio::time::Instant;
+
+const MS: Duration = Duration::from_millis(1);
+
+/// What the server saw of one request.
+#[derive(Debug, Clone)]
+struct Arrival {
+    at: Duration,
+    method: http::Method,
+    headers: http::HeaderMap,
+    timeout: Option<Duration>,
+    /// `Some(true)` answered, `Some(false)` dropped before its answer,
+    /// `None` still in flight.
+    answered: Option<bool>,
+}
+
+/// A server that answers each request after the next scripted latency with
+/// the next scripted status (200 and `fast` once the script is spent).
+#[derive(Clone)]
+struct Server {
+    origin: Instant,
+    fast: Duration,
+    script: Arc<Mutex<VecDeque<(Duration, u16)>>>,
+    seen: Arc<Mutex<Vec<Arrival>>>,
+}
+
+impl Server {
+    fn new(fast: Duration) -> Self {
+        Server {
+            origin: Instant::now(),
+            fast,
+            script: Arc::default(),
+            seen: Arc::default(),
+        }
+    }
+
+    /// The next requests' latencies and statuses, in arrival order.
+    fn then(&self, answers: &[(Duration, u16)]) {
+        self.script.lock().unwrap().extend(answers.iter().copied());
+    }
+
+    fn seen(&self) -> Vec<Arrival> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+/// Marks an arrival dropped unless it was answered.
+struct Answering {
+    seen: Arc<Mutex<Vec<Arrival>>>,
+    index: usize,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let mut seen = self.seen.lock().unwrap();
+        seen[self.index].answered.get_or_insert(false);
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for Server {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let (latency, status) = self
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or((self.fast, 200));
+        let index = {
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(Arrival {
+                at: self.origin.elapsed(),
+                method: req.method().clone(),
+                headers: req.headers().clone(),
+                timeout: req.timeout().copied(),
+                answered: None,
+            });
+            seen.len() - 1
+        };
+        let guard = Answering {
+            seen: self.seen.clone(),
+            index,
+        };
+        tokio::time::sleep(latency).await;
+        self.seen.lock().unwrap()[guard.index].answered = Some(true);
+        let response = http::Response::builder()
+            .status(status)
+            .body(format!("answer {index}"))
+            .unwrap();
+        Ok(reqwest::Response::from(response))
+    }
+}
+
+fn builder() -> RetryPolicyBuilder {
+    RetryPolicy::builder().seed(3)
+}
+
+fn client(policy: RetryPolicy, server: &Server) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .with(server.clone())
+        .build()
+}
+
+/// Sends `n` GETs one after another, each answered as the script says.
+async fn warm(client: &ClientWithMiddleware, n: usize) {
+    for _ in 0..n {
+        let r = client.get("http://svc.test/warm").send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+}
+
+fn report(r: &reqwest::Response) -> RetryReport {
+    r.retry_report().unwrap().clone()
+}
+
+/// The hedge delay the default settings give after 2 ms answers: the upper
+/// bound of the histogram bucket holding 2 ms (50 µs × 1.25^17 ≈ 2.22 ms).
+fn p95_of_2ms() -> Duration {
+    Duration::from_secs_f64(50e-6 * 1.25f64.powi(17))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_get_is_hedged_after_its_hosts_p95_and_the_hedge_wins() {
+    let server = Server::new(2 * MS);
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    assert_eq!(server.count(), 100, "no hedge while warming up");
+
+    server.then(&[(300 * MS, 200)]);
+    let start = Instant::now();
+    let r = client.get("http://svc.test/slow").send().await.unwrap();
+    let took = start.elapsed();
+    let body_report = report(&r);
+    assert_eq!(r.text().await.unwrap(), "answer 101", "the hedge's answer");
+
+    let seen = server.seen();
+    assert_eq!(seen.len(), 102);
+    let (first, hedge) = (&seen[100], &seen[101]);
+    let delay = hedge.at - first.at;
+    // tokio's timer ticks in whole milliseconds, and never early.
+    assert!(
+        delay >= p95_of_2ms() && delay < p95_of_2ms() + MS,
+        "the hedge goes at the host's p95: {delay:?}"
+    );
+    assert_eq!(took, delay + 2 * MS, "the first answer wins");
+    assert_eq!(first.answered, Some(false), "the slow copy was dropped");
+    assert_eq!(hedge.answered, Some(true));
+    assert_eq!(body_report.attempts(), 1, "a hedge is not a retry");
+    assert_eq!(body_report.hedges(), 1);
+    assert_eq!(body_report.hedge_wins(), 1);
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.hedges, m.hedge_wins, m.retries), (1, 1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_host_is_hedged_before_it_has_enough_samples() {
+    let server = Server::new(2 * MS);
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy, &server);
+    warm(&client, 99).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = client.get("http://svc.test/slow").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 100);
+    // Another host has no samples of its own.
+    warm(&client, 1).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = client.get("http://other.test/slow").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 102);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_copy_wins_when_it_answers_first() {
+    let server = Server::new(2 * MS);
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    // The first copy answers at 4 ms, the hedge (sent at ~2.2 ms) at 302.
+    server.then(&[(4 * MS, 200), (300 * MS, 200)]);
+    let start = Instant::now();
+    let r = client.get("http://svc.test/x").send().await.unwrap();
+    assert_eq!(start.elapsed(), 4 * MS);
+    assert_eq!(r.text().await.unwrap(), "answer 100");
+    let seen = server.seen();
+    assert_eq!(seen[100].answered, Some(true));
+    assert_eq!(seen[101].answered, Some(false), "the hedge was dropped");
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.hedges, m.hedge_wins), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transient_failure_of_one_copy_waits_for_the_other() {
+    let server = Server::new(2 * MS);
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    // The first copy fails at 10 ms while the hedge is in flight; the
+    // hedge answers at ~2.2 + 20 ms.
+    server.then(&[(10 * MS, 503), (20 * MS, 200)]);
+    let r = client.get("http://svc.test/a").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 1));
+    // The hedge fails at once; the first copy answers at 30 ms.
+    server.then(&[(30 * MS, 200), (MS, 503)]);
+    let start = Instant::now();
+    let r = client.get("http://svc.test/b").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(start.elapsed(), 30 * MS);
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    assert_eq!(server.count(), 104, "no retry was needed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn both_copies_failing_is_one_failed_attempt_then_a_retry() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .max_attempts(2)
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    server.then(&[(10 * MS, 503), (20 * MS, 503), (2 * MS, 200)]);
+    let r = client.get("http://svc.test/c").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rep = report(&r);
+    assert_eq!(rep.attempts(), 2);
+    assert_eq!(rep.hedges(), 1);
+    assert_eq!(rep.hedge_wins(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedges_stay_within_the_extra_load_budget() {
+    let server = Server::new(2 * MS);
+    // Every request after the warm-up is slower than the (capped) delay,
+    // so each would be hedged but for the budget.
+    let cfg = HedgeConfig {
+        max_delay: 3 * MS,
+        ..HedgeConfig::default()
+    };
+    let policy = builder().hedge(cfg).no_budget().build().unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    let calls = 1000;
+    server.then(&vec![(50 * MS, 200); calls * 2]);
+    for _ in 0..calls {
+        client.get("http://svc.test/slow").send().await.unwrap();
+    }
+    let hedges = policy.metrics().snapshot().hedges;
+    let first_attempts = (100 + calls) as u64;
+    // 5 % of the first attempts, and never more.
+    assert_eq!(hedges, first_attempts / 20, "{hedges} hedges");
+    assert_eq!(server.count() as u64, first_attempts + hedges);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drained_admission_sends_no_hedge() {
+    let server = Server::new(2 * MS);
+    // A bucket of one retry, and no deposits: the first hedge takes it.
+    let admission = AdaptiveConfig {
+        capacity: 1.0,
+        first_attempt_deposit: 0.0,
+        ..AdaptiveConfig::default()
+    };
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .adaptive_admission(admission)
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    server.then(&[
+        (300 * MS, 200),
+        (2 * MS, 200),
+        (300 * MS, 200),
+        (2 * MS, 200),
+    ]);
+    let r = client.get("http://svc.test/1").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 1);
+    let r = client.get("http://svc.test/2").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0, "the admission had nothing left");
+    assert_eq!(server.count(), 103);
+    // The refused hedge was given back to the hedge budget.
+    assert_eq!(policy.metrics().snapshot().hedges, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_requests_safe_to_send_twice_are_hedged() {
+    let server = Server::new(2 * MS);
+    let everything = HedgeConfig {
+        idempotent_methods: true,
+        keyed: true,
+        ..HedgeConfig::default()
+    };
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    let slow = |server: &Server| server.then(&[(300 * MS, 200)]);
+
+    // An unkeyed POST is never hedged, whatever the settings.
+    slow(&server);
+    let r = client
+        .post("http://svc.test/pay")
+        .body("{}")
+        .with_extension(RequestOptions::new().no_idempotency_key().hedge(everything))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    // A keyed POST only when asked for.
+    slow(&server);
+    let r = client
+        .post("http://svc.test/pay")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    // A PUT only when asked for.
+    slow(&server);
+    let r = client
+        .put("http://svc.test/doc")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 103);
+
+    slow(&server);
+    let r = client
+        .post("http://svc.test/pay")
+        .body("{}")
+        .with_extension(RequestOptions::new().hedge(everything))
+        .send()
+        .await
+        .unwrap();
+    let rep = report(&r);
+    assert_eq!(rep.hedges(), 1);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 105);
+    let key = |a: &Arrival| a.headers.get("idempotency-key").cloned();
+    assert_eq!(seen[103].method, http::Method::POST);
+    assert!(key(&seen[103]).is_some());
+    assert_eq!(
+        key(&seen[103]),
+        key(&seen[104]),
+        "both copies carry one key"
+    );
+    assert_eq!(
+        key(&seen[104]).unwrap().to_str().unwrap(),
+        rep.idempotency_key().unwrap()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_turns_hedging_on_or_off_for_itself() {
+    let server = Server::new(2 * MS);
+    let plain = client(builder().build().unwrap(), &server);
+    let on = RequestOptions::new().hedge(HedgeConfig::default());
+    for _ in 0..100 {
+        plain
+            .get("http://svc.test/w")
+            .with_extension(on.clone())
+            .send()
+            .await
+            .unwrap();
+    }
+    server.then(&[(300 * MS, 200)]);
+    let r = plain.get("http://svc.test/slow").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0, "the policy does not hedge");
+    server.then(&[(300 * MS, 200)]);
+    let r = plain
+        .get("http://svc.test/slow")
+        .with_extension(on)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 1, "this request does");
+
+    let server = Server::new(2 * MS);
+    let hedging = client(
+        builder().hedge(HedgeConfig::default()).build().unwrap(),
+        &server,
+    );
+    warm(&hedging, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = hedging
+        .get("http://svc.test/slow")
+        .with_extension(RequestOptions::new().no_hedge())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hedge_is_sent_with_what_is_left_of_the_attempts_time() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .attempt_timeout(50 * MS)
+        .deadline(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    client.get("http://svc.test/slow").send().await.unwrap();
+    let seen = server.seen();
+    let (first, hedge) = (&seen[100], &seen[101]);
+    let delay = hedge.at - first.at;
+    assert!(
+        delay >= p95_of_2ms() && delay < p95_of_2ms() + MS,
+        "{delay:?}"
+    );
+    assert_eq!(first.timeout, Some(50 * MS));
+    assert_eq!(hedge.timeout, Some(50 * MS - delay));
+    let left = |a: &Arrival| -> u64 {
+        a.headers["request-timeout-ms"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(left(first), 50);
+    assert_eq!(left(hedge), (50 * MS - delay).as_millis() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_hedge_when_the_delay_would_outlast_the_attempt() {
+    let server = Server::new(20 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .attempt_timeout(10 * MS)
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = client.get("http://svc.test/slow").send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_report_names_hedges_only_when_one_was_sent() {
+    let server = Server::new(2 * MS);
+    let policy = builder().hedge(HedgeConfig::default()).build().unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    let r = client.get("http://svc.test/x").send().await.unwrap();
+    let json = serde_json::to_value(report(&r)).unwrap();
+    assert!(json.get("hedges").is_none(), "{json}");
+    server.then(&[(300 * MS, 200)]);
+    let r = client.get("http://svc.test/x").send().await.unwrap();
+    let json = serde_json::to_value(report(&r)).unwrap();
+    assert_eq!(json["hedges"], 1, "{json}");
+    assert_eq!(json["hedge_wins"], 1, "{json}");
+}
+
+#[test]
+fn out_of_range_settings_are_refused_by_the_builder() {
+    let err = RetryPolicy::builder()
+        .hedge(HedgeConfig {
+            percentile: 0.0,
+            ..HedgeConfig::default()
+        })
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting(), "hedge.percentile");
+    assert!(RetryPolicy::default().hedge().is_none(), "off by default");
+}
+
+/// A keep-alive HTTP/1.1 server on 127.0.0.1: `/race`'s first request gets
+/// half a response head and then nothing (until the client closes the
+/// connection, which `closed` is told of); every other request is answered
+/// at once with its path.
+async fn stalling_server() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let closed = Arc::new(tokio::sync::Notify::new());
+    let races = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let notify = closed.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (closed, races) = (notify.clone(), races.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end + 4);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let first_race = path == "/race"
+                        && races.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                    if first_race {
+                        let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-le").await;
+                        // Stalled mid-head until the client hangs up.
+                        while let Ok(n) = socket.read(&mut chunk).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        closed.notify_one();
+                        return;
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{}",
+                        path.len(),
+                        path
+                    );
+                    if socket.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, closed)
+}
+
+#[tokio::test]
+async fn over_real_sockets_the_hedge_wins_and_the_stalled_copy_is_hung_up() {
+    let (addr, closed) = stalling_server().await;
+    let cfg = HedgeConfig {
+        min_samples: 5,
+        min_delay: 20 * MS,
+        max_extra_load: 1.0,
+        ..HedgeConfig::default()
+    };
+    let policy = RetryPolicy::builder().hedge(cfg).build().unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .build();
+    let url = |path: &str| format!("http://{addr}{path}");
+    for _ in 0..5 {
+        let r = client.get(url("/warm")).send().await.unwrap();
+        assert_eq!(r.text().await.unwrap(), "/warm");
+    }
+    let r = client.get(url("/race")).send().await.unwrap();
+    let rep = report(&r);
+    assert_eq!(r.text().await.unwrap(), "/race", "the hedge's answer");
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 1));
+    // The stalled copy's connection is closed, not kept for reuse; a bound,
+    // not a timing: it is hung up as soon as the hedge answers.
+    tokio::time::timeout(Duration::from_secs(30), closed.notified())
+        .await
+        .expect("the stalled copy's connection was hung up");
+    let r = client.get(url("/after")).send().await.unwrap();
+    assert_eq!(r.text().await.unwrap(), "/after");
+}
