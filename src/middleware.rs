@@ -276,8 +276,8 @@ impl Attempt for HttpAttempts<'_> {
     // holds only the send in flight and what the verdict needs.
     fn attempt(&mut self, ctx: AttemptContext) -> impl Future<Output = Outcome<Self::Output>> {
         let sending = match self.request.take() {
-            None => Sending::Nothing,
-            Some(mut request) => {
+            None => None,
+            Some(mut request) => Some({
                 // A copy for the next attempt; `None` when the body is a
                 // stream, which is sent once, or when no attempt can follow
                 // this one.
@@ -297,59 +297,37 @@ impl Attempt for HttpAttempts<'_> {
                 }
                 stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
                 let method = request.method().clone();
-                match self.hedging.as_deref() {
-                    None => {
-                        let response = self.next.clone().run(request, self.extensions);
-                        Sending::Plain {
-                            method,
-                            cloneable,
-                            response,
-                        }
-                    }
-                    // Planned before the send borrows the extensions: the
-                    // copy sent as the hedge needs its own. Boxed, race and
-                    // all: only a hedged request pays for the race's state.
-                    Some(hedging) => {
-                        let hedge = plan_hedge(
-                            self.judge.policy,
-                            hedging,
-                            &request,
-                            self.extensions,
-                            &self.next,
-                            ctx,
-                            timeout,
-                        );
-                        let response = self.next.clone().run(request, self.extensions);
-                        Sending::Hedged(Box::pin(hedge.race(
-                            response,
-                            &self.judge,
-                            method,
-                            cloneable,
-                        )))
-                    }
-                }
-            }
+                // Planned before the send borrows the extensions: the copy
+                // sent as the hedge needs its own.
+                let hedge = self.hedging.as_deref().map(|hedging| {
+                    plan_hedge(
+                        self.judge.policy,
+                        hedging,
+                        &request,
+                        self.extensions,
+                        &self.next,
+                        ctx,
+                        timeout,
+                    )
+                });
+                let response = self.next.clone().run(request, self.extensions);
+                let response = match hedge {
+                    None => response,
+                    Some(hedge) => hedge.boxed_race(response, &self.judge, &method, cloneable),
+                };
+                (method, cloneable, response)
+            }),
         };
         let judge = &self.judge;
         async move {
-            let (result, verdict) = match sending {
-                Sending::Nothing => {
-                    return Outcome::stop(
-                        Err(reqwest_middleware::Error::middleware(NothingToResend)),
-                        StopReason::BodyNotCloneable,
-                    );
-                }
-                Sending::Plain {
-                    method,
-                    cloneable,
-                    response,
-                } => {
-                    let result = response.await;
-                    let verdict = judge.verdict(&method, cloneable, &result);
-                    (result, verdict)
-                }
-                Sending::Hedged(race) => race.await,
+            let Some((method, cloneable, response)) = sending else {
+                return Outcome::stop(
+                    Err(reqwest_middleware::Error::middleware(NothingToResend)),
+                    StopReason::BodyNotCloneable,
+                );
             };
+            let result = response.await;
+            let verdict = judge.verdict(&method, cloneable, &result);
             let signal = judge.signal(&result, verdict);
             Outcome::new(result, verdict).with_signal(signal)
         }
@@ -361,20 +339,6 @@ impl Attempt for HttpAttempts<'_> {
             Err(e) => f.write_str(classify::transport_failure(e).name()),
         }
     }
-}
-
-/// What an attempt's future waits for.
-enum Sending<'f> {
-    /// Nothing could be sent: the body was a stream, already sent once.
-    Nothing,
-    /// One copy, judged when it answers.
-    Plain {
-        method: http::Method,
-        cloneable: bool,
-        response: BoxFuture<'f, Answer>,
-    },
-    /// A hedged attempt's race, which judges the copies itself.
-    Hedged(BoxFuture<'f, (Answer, Verdict)>),
 }
 
 /// A request's hedging: its settings, its host, and the hedges it sent
@@ -392,7 +356,9 @@ struct Hedging {
 /// What hedging an attempt needs: when it started (its latency is
 /// recorded for its host), and the second copy, when the host has a hedge
 /// delay that ends before the attempt's timeout and the request can be
-/// copied.
+/// copied. Kept out of line, so that the unhedged attempt's code stays as
+/// it was.
+#[inline(never)]
 fn plan_hedge<'a, 'h>(
     policy: &'a RetryPolicy,
     hedging: &'h Hedging,
@@ -485,27 +451,42 @@ impl Hedge<'_, '_> {
         None
     }
 
+    /// The race, boxed: only a hedged request pays for its state, and the
+    /// attempt awaits it as it awaits an unhedged send.
+    #[inline(never)]
+    fn boxed_race<'f>(
+        self,
+        first: BoxFuture<'f, Answer>,
+        judge: &'f Judge<'_>,
+        method: &http::Method,
+        cloneable: bool,
+    ) -> BoxFuture<'f, Answer>
+    where
+        Self: 'f,
+    {
+        Box::pin(self.race(first, judge, method.clone(), cloneable))
+    }
+
     /// Waits for the first copy, sends the second once the hedge delay has
     /// passed without an answer (and the budget and the admission allow
     /// it), and returns the first answer that is not a transient failure
     /// (the last one when both fail so). The other copy is dropped: its
-    /// request is abandoned and its connection closed, not reused.
+    /// request is abandoned and its connection closed, not reused. The
+    /// attempt judges the answer returned as any other (the classifiers are
+    /// asked about it once more).
     async fn race(
         mut self,
         mut first: BoxFuture<'_, Answer>,
         judge: &Judge<'_>,
         method: http::Method,
         cloneable: bool,
-    ) -> (Answer, Verdict) {
+    ) -> Answer {
         let policy = self.policy;
-        let judged = |result: Answer| {
-            let verdict = judge.verdict(&method, cloneable, &result);
-            (result, verdict)
-        };
+        let verdict = |result: &Answer| judge.verdict(&method, cloneable, result);
         let Some(copy) = self.copy.take() else {
             let answer = first.await;
             self.record_latency();
-            return judged(answer);
+            return answer;
         };
         let mut sleep = policy.sleeper.sleep(copy.delay);
         let early = poll_fn(|cx| match first.as_mut().poll(cx) {
@@ -516,7 +497,7 @@ impl Hedge<'_, '_> {
         drop(sleep);
         if let Some(answer) = early {
             self.record_latency();
-            return judged(answer);
+            return answer;
         }
         // The copy is sent with what is left of the attempt's time.
         let elapsed = policy.clock.now().saturating_duration_since(self.started);
@@ -528,7 +509,7 @@ impl Hedge<'_, '_> {
         let Some(grant) = grant else {
             let answer = first.await;
             self.record_latency();
-            return judged(answer);
+            return answer;
         };
         let HedgeCopy {
             mut request,
@@ -557,7 +538,7 @@ impl Hedge<'_, '_> {
                 Poll::Pending
             })
             .await;
-            let (answer, verdict) = judged(answer);
+            let verdict = verdict(&answer);
             match which {
                 Which::First => {
                     first = None;
@@ -590,7 +571,7 @@ impl Hedge<'_, '_> {
         policy
             .admission
             .record(self.hedging.partition, record, policy.clock.now());
-        (answer, verdict)
+        answer
     }
 }
 
@@ -709,6 +690,9 @@ impl Judge<'_> {
 /// whole call's: past it this attempt is abandoned, so work on it is work
 /// nobody waits for. A value the request already carries that is smaller
 /// (an application passing on its caller's) is kept.
+// Inlined into the attempt as it was before the hedge became its second
+// caller: out of line it costs every attempt a call (~45 instructions).
+#[inline(always)]
 fn stamp_headers(
     policy: &RetryPolicy,
     request: &mut Request,
