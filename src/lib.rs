@@ -21,6 +21,9 @@
 //!   `Request-Timeout-Ms`, and inside a handler wrapped by
 //!   [`InheritDeadlineLayer`] every call inherits its caller's (see
 //!   "In a stack of services" below);
+//! - opt-in **hedged requests** ([`HedgeConfig`]): a second copy of a read
+//!   that is slower than its host's p95, the first answer winning, at most
+//!   5 % more requests and each hedge admitted like a retry;
 //! - a **report** of what happened, in the response's extensions.
 //!
 //! ```toml

@@ -8,9 +8,13 @@
 
 use std::collections::HashMap;
 
+use http::Extensions;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
-use reqwest_safe_retry::{metric_names as names, ManualClock, RetryMiddleware, RetryPolicy};
+use reqwest_middleware::{Middleware, Next};
+use reqwest_safe_retry::{
+    metric_names as names, HedgeConfig, ManualClock, MetricsSnapshot, RetryMiddleware, RetryPolicy,
+};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -51,6 +55,26 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
     let missing = client.get(server.uri()).send().await.unwrap();
     assert_eq!(missing.status(), 404);
 
+    // A second policy, hedging: its second GET's first copy never answers,
+    // the hedge (sent at once: the manual clock's sleeps end at once) does.
+    let hedging = RetryPolicy::builder()
+        .manual_clock(&clock)
+        .hedge(HedgeConfig {
+            min_samples: 1,
+            max_extra_load: 1.0,
+            ..HedgeConfig::default()
+        })
+        .build()
+        .unwrap();
+    let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(hedging.clone()))
+        .with(SecondNeverAnswers::default())
+        .build();
+    for _ in 0..2 {
+        let r = stalls.get("http://stalls.test/").send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+
     let published: HashMap<String, (MetricKind, bool, DebugValue)> = snapshotter
         .snapshot()
         .into_vec()
@@ -62,7 +86,8 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
             )
         })
         .collect();
-    let own = policy.metrics().snapshot();
+    let (own, hedged) = (policy.metrics().snapshot(), hedging.metrics().snapshot());
+    assert_eq!((hedged.hedges, hedged.hedge_wins), (1, 1));
     let counter = |name: &str| match published.get(name) {
         Some((MetricKind::Counter, described, DebugValue::Counter(n))) => {
             assert!(described, "{name} has a description");
@@ -71,20 +96,30 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
         None => 0,
         other => panic!("{name}: {other:?}"),
     };
-    // Each published counter is the snapshot's field of the same name.
+    // Each published counter is the snapshot's field of the same name,
+    // summed over the two policies.
+    let both = |field: fn(&MetricsSnapshot) -> u64| field(&own) + field(&hedged);
     for (name, expected) in [
-        (names::CALLS, own.calls),
-        (names::FIRST_ATTEMPT_FAILURES, own.first_attempt_failures),
-        (names::RETRIES, own.retries),
-        (names::FINAL_FAILURES, own.final_failures),
-        (names::BUDGET_REJECTIONS, own.budget_rejections),
-        (names::ADMISSIONS, own.admissions),
-        (names::PROBES, own.probes),
-        (names::WAITS, own.waits),
-        (names::RETRY_AFTER_HONOURED, own.retry_after_honoured),
-        (names::DEADLINE_GIVE_UPS, own.deadline_give_ups),
-        (names::THROTTLED, own.throttled),
-        (names::RATE_LIMIT_WAITS, own.rate_limit_waits),
+        (names::CALLS, both(|m| m.calls)),
+        (
+            names::FIRST_ATTEMPT_FAILURES,
+            both(|m| m.first_attempt_failures),
+        ),
+        (names::RETRIES, both(|m| m.retries)),
+        (names::FINAL_FAILURES, both(|m| m.final_failures)),
+        (names::BUDGET_REJECTIONS, both(|m| m.budget_rejections)),
+        (names::ADMISSIONS, both(|m| m.admissions)),
+        (names::PROBES, both(|m| m.probes)),
+        (names::WAITS, both(|m| m.waits)),
+        (
+            names::RETRY_AFTER_HONOURED,
+            both(|m| m.retry_after_honoured),
+        ),
+        (names::DEADLINE_GIVE_UPS, both(|m| m.deadline_give_ups)),
+        (names::THROTTLED, both(|m| m.throttled)),
+        (names::RATE_LIMIT_WAITS, both(|m| m.rate_limit_waits)),
+        (names::HEDGES, both(|m| m.hedges)),
+        (names::HEDGE_WINS, both(|m| m.hedge_wins)),
     ] {
         assert_eq!(counter(name), expected, "{name}");
     }
@@ -109,5 +144,29 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
     };
     let mut attempts: Vec<f64> = values.iter().map(|v| v.0).collect();
     attempts.sort_by(f64::total_cmp);
-    assert_eq!(attempts, [1.0, 3.0], "one value per finished call");
+    assert_eq!(
+        attempts,
+        [1.0, 1.0, 1.0, 3.0],
+        "one value per finished call"
+    );
+}
+
+/// The end of a chain that answers `200` at once, except its second
+/// request, which it never answers.
+#[derive(Default)]
+struct SecondNeverAnswers(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl Middleware for SecondNeverAnswers {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            std::future::pending::<()>().await;
+        }
+        Ok(reqwest::Response::from(http::Response::new("ok")))
+    }
 }
