@@ -1,18 +1,27 @@
-//! Instructions per call through a middleware chain that ends in a canned
-//! `200 ok` (no socket): a count that does not move with the machine's load,
-//! for paired comparisons on a shared machine.
+//! Instructions per call through a middleware chain, a count that does not
+//! move with the machine's load, for paired comparisons on a shared
+//! machine; and allocations per call, counted by the bench's allocator.
 //!
 //! ```sh
 //! cargo bench --bench instructions --no-run
 //! # per call = (count at 20 001 calls − count at 1 call) / 20 000
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/deps/instructions-* <chain> <get|post> 20001
+//! # over real sockets (an axum server on loopback, same thread):
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/deps/instructions-* http <chain> <get|post> 2001
 //! ```
 //!
 //! Chains: `canned` (no middleware), `reqwest-retry`, `safe-retry`
 //! (`RetryMiddleware` with the default policy), `safe-retry-no-deadline`
 //! (the same without a deadline: no per-request timeout), `keygen` (no chain: one
-//! `IdempotencyKey::generate` per call).
+//! `IdempotencyKey::generate` per call). Every chain but `keygen` ends in a
+//! canned `200 ok` without a socket; with `http` first it ends in a real
+//! request to a local server instead, and `bare` (a plain
+//! `reqwest::Client`) and `floor` (a plain client sending a fixed key
+//! header on a POST and a 30 s timeout: what any keyed call with a
+//! deadline must) join the chains. Each run prints the allocations it
+//! made; per call is the same difference as for instructions.
 
 mod support;
 
@@ -22,33 +31,77 @@ use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
 use support::{block_on, without_deadline, Canned};
 
-fn chain(name: &str) -> Option<ClientWithMiddleware> {
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// A chain's middlewares, ending in a canned answer (`canned`) or in the
+/// network.
+fn chain(name: &str, canned: bool) -> Option<ClientWithMiddleware> {
     let builder = ClientBuilder::new(reqwest::Client::new());
-    Some(match name {
-        "canned" => builder.with(Canned).build(),
-        "reqwest-retry" => builder
-            .with(RetryTransientMiddleware::new_with_policy(
-                ExponentialBackoff::builder().build_with_max_retries(2),
-            ))
-            .with(Canned)
-            .build(),
-        "safe-retry" => builder
-            .with(RetryMiddleware::new(RetryPolicy::default()))
-            .with(Canned)
-            .build(),
-        "safe-retry-no-deadline" => builder.with(without_deadline()).with(Canned).build(),
+    let builder = match name {
+        "canned" | "empty" => builder,
+        "reqwest-retry" => builder.with(RetryTransientMiddleware::new_with_policy(
+            ExponentialBackoff::builder().build_with_max_retries(2),
+        )),
+        "safe-retry" => builder.with(RetryMiddleware::new(RetryPolicy::default())),
+        "safe-retry-no-deadline" => builder.with(without_deadline()),
         _ => return None,
+    };
+    Some(if canned {
+        builder.with(Canned).build()
+    } else {
+        builder.build()
     })
+}
+
+fn usage() {
+    eprintln!(
+        "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|keygen> \
+         <get|post> <calls>\n       instructions http \
+         <bare|floor|empty|reqwest-retry|safe-retry|safe-retry-no-deadline> <get|post> <calls>"
+    );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--bench") || args.len() < 3 {
         // `cargo bench` runs every bench target: this one is run by hand.
-        eprintln!(
-            "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|keygen> \
-             <get|post> <calls>"
-        );
+        usage();
+        return;
+    }
+    if args[0] == "http" && args.len() >= 4 {
+        let calls: u64 = args[3].parse().expect("a number of calls");
+        http(&args[1], args[2] == "post", calls);
+        println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
         return;
     }
     let calls: u64 = args[2].parse().expect("a number of calls");
@@ -63,9 +116,10 @@ fn main() {
         for _ in 0..calls {
             std::hint::black_box(IdempotencyKey::generate(KeyGenerator::UuidV4));
         }
+        println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
         return;
     }
-    let client = chain(&args[0]).expect("a known chain");
+    let client = chain(&args[0], true).expect("a known chain");
     for _ in 0..calls {
         let request = if post {
             client.post("http://127.0.0.1:9/x").body("{}")
@@ -75,4 +129,53 @@ fn main() {
         let response = block_on(request.send()).expect("the canned response");
         std::hint::black_box(response.status());
     }
+    println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+}
+
+/// `calls` requests, one at a time, to an axum server on loopback served
+/// by the same thread (a current-thread runtime): client and server are
+/// both counted, the same server for every chain.
+fn http(name: &str, post: bool, calls: u64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let url = format!("http://{}/x", listener.local_addr().expect("an address"));
+        let app = axum::Router::new().route(
+            "/x",
+            axum::routing::get(|| async { "ok" }).post(|| async { "ok" }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let bare = reqwest::Client::new();
+        let chain = match name {
+            "bare" | "floor" => None,
+            other => Some(chain(other, false).expect("a known chain")),
+        };
+        for _ in 0..calls {
+            let response = match (&chain, name) {
+                (Some(c), _) if post => c.post(&url).body("{}").send().await.ok(),
+                (Some(c), _) => c.get(&url).send().await.ok(),
+                (None, "floor") => {
+                    let mut request = if post {
+                        bare.post(&url)
+                            .header("idempotency-key", "3f0e8e9c-5d4a-4d7e-9a53-2c0b7f1e6a11")
+                            .body("{}")
+                    } else {
+                        bare.get(&url)
+                    };
+                    request = request.timeout(Duration::from_secs(30));
+                    request.send().await.ok()
+                }
+                (None, _) if post => bare.post(&url).body("{}").send().await.ok(),
+                (None, _) => bare.get(&url).send().await.ok(),
+            };
+            let response = response.expect("the local server answers");
+            assert!(response.status().is_success());
+            std::hint::black_box(response.bytes().await.expect("the body"));
+        }
+    });
 }
