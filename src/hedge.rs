@@ -161,8 +161,10 @@ impl Host {
         self.total += 1;
         if self.total >= WINDOW {
             self.total = 0;
+            // Rounded up, so that at least half of the window stays: every
+            // `min_samples` the settings allow is still met after halving.
             for c in &mut self.counts {
-                *c /= 2;
+                *c = c.div_ceil(2);
                 self.total += *c;
             }
         }
@@ -370,8 +372,10 @@ mod tests {
         };
         assert_eq!(cfg.validate(), Ok(()));
         let h = Hedger::default();
-        for i in 0..5000 {
-            h.record(host(), 2 * MS);
+        for i in 0..5000u64 {
+            // Spread over many buckets: halving each count must not lose
+            // more than half of the total.
+            h.record(host(), Duration::from_micros(60 + (i * 7919) % 90_000));
             if i >= 600 {
                 assert!(h.delay(&cfg, host()).is_some(), "sample {i}");
             }

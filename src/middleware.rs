@@ -488,6 +488,14 @@ impl Hedge<'_, '_> {
             self.record_latency();
             return answer;
         };
+        // The first copy is sent before the hedge delay starts: a sleeper
+        // that moves a manual clock as it is asked (`ManualClock`) then
+        // charges no delay to an answer that was ready at once.
+        let ready = poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
+        if let Poll::Ready(answer) = ready {
+            self.record_latency();
+            return answer;
+        }
         let mut sleep = policy.sleeper.sleep(copy.delay);
         let early = poll_fn(|cx| match first.as_mut().poll(cx) {
             Poll::Ready(answer) => Poll::Ready(Some(answer)),
@@ -527,6 +535,7 @@ impl Hedge<'_, '_> {
         let mut first = Some(first);
         let mut second = Some(next.run(request, &mut extensions));
         let mut hedge_result = AttemptResult::Other;
+        let mut hedge_signal = Signal::default();
         let (winner, answer, verdict) = loop {
             let (which, answer) = poll_fn(|cx| {
                 if let Some(Poll::Ready(answer)) = first.as_mut().map(|f| f.as_mut().poll(cx)) {
@@ -547,6 +556,7 @@ impl Hedge<'_, '_> {
                 Which::Hedge => {
                     second = None;
                     hedge_result = verdict.result();
+                    hedge_signal = judge.signal(&answer, verdict);
                 }
             }
             // A transient failure of one copy waits for the other.
@@ -567,7 +577,19 @@ impl Hedge<'_, '_> {
             policy.metrics.hedge_won();
             self.hedging.won.fetch_add(1, Ordering::Relaxed);
         }
-        let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
+        let mut record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
+        // What the hedge's answer said of the host's rate reaches the
+        // admission, unless that answer is the one returned (the engine
+        // records it then).
+        if winner != Which::Hedge {
+            if hedge_signal.throttled {
+                policy.metrics.throttled();
+                record = record.throttled(hedge_signal.retry_after);
+            }
+            if let Some(rate_limit) = hedge_signal.rate_limit {
+                record = record.with_rate_limit(rate_limit);
+            }
+        }
         policy
             .admission
             .record(self.hedging.partition, record, policy.clock.now());

@@ -104,8 +104,11 @@ impl RequestOptions {
     }
 
     /// Hedge this request as `config` says, whatever the policy's hedging
-    /// (the host's latencies are the same ones the policy's hedging reads).
-    /// An out-of-range setting is ignored: the policy's hedging applies.
+    /// (the host's latencies and hedge budget are the same ones the
+    /// policy's hedging uses; this request's first attempt earns the budget
+    /// its own `max_extra_load`). A `config` with a setting out of range
+    /// (see [`HedgeConfig`]) is ignored: the options keep what they had
+    /// (the policy's hedging, unless set before).
     pub fn hedge(mut self, config: HedgeConfig) -> Self {
         if config.validate().is_ok() {
             self.hedge = Some(Some(config));

@@ -10,8 +10,9 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
-    AdaptiveConfig, HedgeConfig, RequestOptions, RetryMiddleware, RetryPolicy, RetryPolicyBuilder,
-    RetryReport, RetryReportExt,
+    AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource, HedgeConfig,
+    Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
+    RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest,
 };
 use tokio::time::Instant;
 
@@ -107,10 +108,11 @@ impl Middleware for Server {
         };
         tokio::time::sleep(latency).await;
         self.seen.lock().unwrap()[guard.index].answered = Some(true);
-        let response = http::Response::builder()
-            .status(status)
-            .body(format!("answer {index}"))
-            .unwrap();
+        let mut response = http::Response::builder().status(status);
+        if status == 429 {
+            response = response.header("retry-after", "2");
+        }
+        let response = response.body(format!("answer {index}")).unwrap();
         Ok(reqwest::Response::from(response))
     }
 }
@@ -250,12 +252,21 @@ async fn both_copies_failing_is_one_failed_attempt_then_a_retry() {
     let client = client(policy, &server);
     warm(&client, 100).await;
     server.then(&[(10 * MS, 503), (20 * MS, 503), (2 * MS, 200)]);
+    let start = Instant::now();
     let r = client.get("http://svc.test/c").send().await.unwrap();
     assert_eq!(r.status(), 200);
     let rep = report(&r);
     assert_eq!(rep.attempts(), 2);
     assert_eq!(rep.hedges(), 1);
     assert_eq!(rep.hedge_wins(), 0);
+    // The first copy's 503 did not end the attempt: the hedge's was
+    // awaited (answered at ~2.2 + 20 ms), and only then the retry sent.
+    let seen = server.seen();
+    assert_eq!(seen.len(), 103);
+    assert_eq!(seen[100].answered, Some(true));
+    assert_eq!(seen[101].answered, Some(true));
+    assert!(seen[102].at - seen[100].at >= 22 * MS, "{:?}", seen[102].at);
+    assert!(start.elapsed() >= 22 * MS);
 }
 
 #[tokio::test(start_paused = true)]
@@ -587,4 +598,193 @@ async fn over_real_sockets_the_hedge_wins_and_the_stalled_copy_is_hung_up() {
         .expect("the stalled copy's connection was hung up");
     let r = client.get(url("/after")).send().await.unwrap();
     assert_eq!(r.text().await.unwrap(), "/after");
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_methods_and_a_callers_own_key_are_hedged_when_asked() {
+    let server = Server::new(2 * MS);
+    let cfg = HedgeConfig {
+        idempotent_methods: true,
+        keyed: true,
+        ..HedgeConfig::default()
+    };
+    let client = client(builder().hedge(cfg).build().unwrap(), &server);
+    warm(&client, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = client
+        .put("http://svc.test/doc")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 1);
+    server.then(&[(300 * MS, 200)]);
+    let r = client
+        .post("http://svc.test/pay")
+        .header("idempotency-key", "order-7-charge")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 1);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 104);
+    for copy in &seen[102..] {
+        assert_eq!(copy.headers["idempotency-key"], "order-7-charge");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_body_is_sent_once() {
+    let server = Server::new(2 * MS);
+    let cfg = HedgeConfig {
+        idempotent_methods: true,
+        ..HedgeConfig::default()
+    };
+    let client = client(builder().hedge(cfg).build().unwrap(), &server);
+    warm(&client, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let chunks = futures_util::stream::iter([Ok::<_, std::io::Error>("{}")]);
+    let r = client
+        .put("http://svc.test/doc")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_requests_settings_out_of_range_are_ignored() {
+    let server = Server::new(2 * MS);
+    let bad = HedgeConfig {
+        percentile: 2.0,
+        ..HedgeConfig::default()
+    };
+    // Off in the policy, and still off.
+    let plain = client(builder().build().unwrap(), &server);
+    for _ in 0..100 {
+        plain
+            .get("http://svc.test/w")
+            .with_extension(RequestOptions::new().hedge(bad))
+            .send()
+            .await
+            .unwrap();
+    }
+    server.then(&[(300 * MS, 200)]);
+    let r = plain
+        .get("http://svc.test/slow")
+        .with_extension(RequestOptions::new().hedge(bad))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    // Turned off for the request, and still off.
+    let server = Server::new(2 * MS);
+    let hedging = client(
+        builder().hedge(HedgeConfig::default()).build().unwrap(),
+        &server,
+    );
+    warm(&hedging, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = hedging
+        .get("http://svc.test/slow")
+        .with_extension(RequestOptions::new().no_hedge().hedge(bad))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(server.count(), 101);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_deadline_alone_the_hedge_gets_what_is_left_of_it() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .deadline(Duration::from_secs(1))
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    server.then(&[(300 * MS, 200)]);
+    let r = client.get("http://svc.test/slow").send().await.unwrap();
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 1));
+    let seen = server.seen();
+    let (first, hedge) = (&seen[100], &seen[101]);
+    let delay = hedge.at - first.at;
+    assert_eq!(first.timeout, Some(Duration::from_secs(1)));
+    assert_eq!(hedge.timeout, Some(Duration::from_secs(1) - delay));
+    assert_eq!(
+        hedge.headers["request-timeout-ms"],
+        (1000 - delay.as_millis()).to_string().as_str()
+    );
+}
+
+/// An admission that admits everything and keeps what it was asked and
+/// told.
+#[derive(Debug, Default)]
+struct Ledger {
+    asked: Mutex<Vec<RetryKind>>,
+    records: Mutex<Vec<AttemptRecord>>,
+}
+
+impl RetryAdmission for Ledger {
+    fn first_attempt(&self, _: Partition, _: std::time::Instant) {}
+
+    fn admit(&self, _: Partition, retry: RetryRequest, _: std::time::Instant) -> Admission {
+        self.asked.lock().unwrap().push(retry.kind());
+        Admission::Admit(Grant::new(GrantSource::Token, 1.0))
+    }
+
+    fn record(&self, _: Partition, attempt: AttemptRecord, _: std::time::Instant) {
+        self.records.lock().unwrap().push(attempt);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admission_is_asked_for_each_hedge_and_told_how_it_ended() {
+    let server = Server::new(2 * MS);
+    let ledger = Arc::new(Ledger::default());
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .shared_admission(ledger.clone())
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    ledger.records.lock().unwrap().clear();
+
+    // The hedge wins: it is recorded as a success under its grant.
+    server.then(&[(300 * MS, 200)]);
+    client.get("http://svc.test/1").send().await.unwrap();
+    // The first copy wins: the hedge, dropped, is recorded as neither.
+    server.then(&[(4 * MS, 200), (300 * MS, 200)]);
+    client.get("http://svc.test/2").send().await.unwrap();
+    // The hedge is throttled while the first copy is in flight, which then
+    // answers: the throttle still reaches the admission.
+    server.then(&[(30 * MS, 200), (MS, 429)]);
+    client.get("http://svc.test/3").send().await.unwrap();
+
+    assert_eq!(*ledger.asked.lock().unwrap(), [RetryKind::Hedge; 3]);
+    let records = ledger.records.lock().unwrap();
+    let hedges: Vec<_> = records.iter().filter(|r| r.grant().is_some()).collect();
+    let results: Vec<_> = hedges.iter().map(|r| r.result()).collect();
+    assert_eq!(
+        results,
+        [
+            AttemptResult::Success,
+            AttemptResult::Other,
+            AttemptResult::Failure
+        ]
+    );
+    assert!(hedges.iter().all(|r| r.attempt() == 1));
+    assert!(!hedges[0].was_throttled() && hedges[2].was_throttled());
+    assert_eq!(hedges[2].retry_after(), Some(Duration::from_secs(2)));
+    assert_eq!(policy.metrics().snapshot().throttled, 1);
+    // And each call's own attempt was recorded once, as before.
+    assert_eq!(records.iter().filter(|r| r.grant().is_none()).count(), 3);
 }

@@ -430,8 +430,6 @@ impl AdaptiveAdmission {
         }
     }
 
-    /// What an answer says about the host's rate: throttling, a spent
-    /// quota, a success while paced.
     /// A hedge is paid from the bucket alone, and only while no retry
     /// waits and the host is not paced: never with a probe or a released
     /// retry, so that once an outage has drained the bucket hedging adds
@@ -451,11 +449,13 @@ impl AdaptiveAdmission {
         h.prune_waiters(now, stale);
         if h.waiters.is_empty() && h.tokens >= c.retry_cost {
             h.tokens -= c.retry_cost;
-            return Admission::Admit(Grant::new(GrantSource::Token, c.retry_cost));
+            return Admission::Admit(Grant::new(GrantSource::Hedge, c.retry_cost));
         }
         Admission::Refuse
     }
 
+    /// What an answer says about the host's rate: throttling, a spent
+    /// quota, a success while paced.
     fn learn(&self, partition: Partition, attempt: &AttemptRecord, now: Instant) {
         let exhausted = attempt.rate_limit().filter(|r| r.exhausted());
         let success = attempt.result() == AttemptResult::Success;
@@ -616,6 +616,15 @@ impl RetryAdmission for AdaptiveAdmission {
             // A paced release says nothing about an outage.
             return;
         }
+        if attempt
+            .grant()
+            .is_some_and(|g| g.source() == GrantSource::Hedge)
+        {
+            // Nor does a hedge: its answer is not a retry's, so it neither
+            // raises the release rate (a healthy host's hedges would let an
+            // outage's retries out fast) nor halves it.
+            return;
+        }
         match (attempt.result(), attempt.grant()) {
             (AttemptResult::Success, Some(grant)) => self.host(partition, now, |h| {
                 // Slow start: successes per second grow with the rate, so
@@ -696,7 +705,7 @@ mod tests {
         let p = Partition::named("h");
         let t0 = Instant::now();
         assert!(
-            matches!(a.admit(p, hedge(), t0), Admission::Admit(g) if g.source() == GrantSource::Token)
+            matches!(a.admit(p, hedge(), t0), Admission::Admit(g) if g.source() == GrantSource::Hedge)
         );
         assert!(matches!(a.admit(p, hedge(), t0), Admission::Admit(_)));
         // Dry: a retry would wait for a probe; a hedge is refused at once,
@@ -713,6 +722,26 @@ mod tests {
             "the probe is still the retry's"
         );
         assert!(a.read(p, |h| h.waiters.is_empty()));
+    }
+
+    #[test]
+    fn a_hedges_answer_says_nothing_of_an_outage() {
+        let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+        let p = Partition::named("h");
+        let t0 = Instant::now();
+        let Admission::Admit(grant) = a.admit(p, hedge(), t0) else {
+            panic!("a full bucket admits a hedge");
+        };
+        for result in [AttemptResult::Success, AttemptResult::Failure] {
+            a.record(p, AttemptRecord::new(1, Some(grant), result), t0);
+            assert_eq!(a.release_rate(p, t0), 0.0, "{result:?}");
+        }
+        // A retry's success is evidence of recovery.
+        let Admission::Admit(grant) = a.admit(p, retry(Duration::ZERO), t0) else {
+            panic!("a full bucket admits a retry");
+        };
+        a.record(p, AttemptRecord::new(2, Some(grant), AttemptResult::Success), t0);
+        assert!(a.release_rate(p, t0) > 0.0);
     }
 
     #[test]

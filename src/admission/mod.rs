@@ -143,7 +143,11 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     }
 
     /// How an attempt ended, with the grant it was sent under (`None` for a
-    /// first attempt).
+    /// first attempt). A hedged attempt is recorded twice: once as the
+    /// attempt (with the answer used), and once as its hedge, with the
+    /// hedge's grant and the hedge's own result ([`AttemptResult::Other`]
+    /// when it was dropped before it answered). A hedge whose call is
+    /// dropped mid-race is never recorded.
     fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant);
 }
 
@@ -229,6 +233,9 @@ pub enum GrantSource {
     /// A release slot of a paced host (one that throttled, or whose quota
     /// is spent).
     Paced,
+    /// A hedge ([`RetryKind::Hedge`]) paid from the token bucket: its answer
+    /// is not a retry's, and says nothing of an outage's recovery.
+    Hedge,
 }
 
 impl Grant {
