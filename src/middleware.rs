@@ -618,12 +618,19 @@ impl Judge<'_> {
             return Signal::default();
         };
         let headers = response.headers();
-        let wall = self.policy.clock.wall();
         let status = response.status().as_u16();
+        // The wall clock is read only when a date may need it: most
+        // answers are neither throttling nor carry rate-limit fields.
+        let wall = || self.policy.clock.wall();
         let retry_after = match verdict {
             Verdict::Transient { retry_after, .. } => retry_after,
-            _ if status == 429 || status == 503 => retry_after::from_headers(headers, wall),
+            _ if status == 429 || status == 503 => retry_after::from_headers(headers, wall()),
             _ => None,
+        };
+        let rate_limit = if crate::rate_limit::has_fields(headers) {
+            crate::rate_limit::from_headers(headers, wall())
+        } else {
+            None
         };
         Signal {
             // A 503 that says "later" (a Retry-After of more than zero;
@@ -631,7 +638,7 @@ impl Judge<'_> {
             throttled: status == 429
                 || (status == 503 && retry_after.is_some_and(|d| !d.is_zero())),
             retry_after,
-            rate_limit: crate::rate_limit::from_headers(headers, wall),
+            rate_limit,
         }
     }
 

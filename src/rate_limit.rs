@@ -74,6 +74,17 @@ impl RateLimit {
     }
 }
 
+/// Whether a response carries a field [`from_headers`] reads, found in one
+/// pass over its field names: cheaper, for the few fields of a usual
+/// answer, than looking each of the four names up (each lookup parses and
+/// hashes the name).
+pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
+    headers.keys().any(|name| {
+        let name = name.as_str();
+        name.starts_with("ratelimit") || name.starts_with("x-ratelimit-")
+    })
+}
+
 /// Reads the rate-limit fields of a response; `None` when it carries none
 /// that can be read. `now` is the local wall clock, used for an epoch
 /// `X-RateLimit-Reset` only when the response has no valid `Date`.
@@ -271,6 +282,56 @@ fn bare_item(s: &str) -> Option<(Option<u64>, &str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The one-pass check never skips fields the reader would read.
+        #[test]
+        fn the_quick_check_misses_nothing(
+            fields in proptest::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        "ratelimit", "ratelimit-policy", "x-ratelimit-remaining",
+                        "x-ratelimit-reset", "date", "content-type", "retry-after",
+                        "x-ratelimit", "ratelimits", "x-rate-limit-remaining",
+                    ]),
+                    "[0-9a-z;=, ]{0,20}",
+                ),
+                0..6,
+            )
+        ) {
+            let mut h = HeaderMap::new();
+            for (name, value) in &fields {
+                h.append(
+                    http::HeaderName::from_static(name),
+                    http::HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            if from_headers(&h, SystemTime::UNIX_EPOCH).is_some() {
+                prop_assert!(has_fields(&h), "{fields:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_quick_check_finds_each_field() {
+        for name in [
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_static("0"),
+            );
+            assert!(has_fields(&h), "{name}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("content-type", http::HeaderValue::from_static("text/plain"));
+        assert!(!has_fields(&h));
+    }
 
     fn read(pairs: &[(&str, &str)]) -> Option<RateLimit> {
         let mut h = HeaderMap::new();

@@ -740,7 +740,11 @@ mod tests {
         let Admission::Admit(grant) = a.admit(p, retry(Duration::ZERO), t0) else {
             panic!("a full bucket admits a retry");
         };
-        a.record(p, AttemptRecord::new(2, Some(grant), AttemptResult::Success), t0);
+        a.record(
+            p,
+            AttemptRecord::new(2, Some(grant), AttemptResult::Success),
+            t0,
+        );
         assert!(a.release_rate(p, t0) > 0.0);
     }
 
