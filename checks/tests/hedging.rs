@@ -518,15 +518,27 @@ fn out_of_range_settings_are_refused_by_the_builder() {
 /// connection, which `closed` is told of); every other request is answered
 /// at once with its path.
 async fn stalling_server() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
+    let (addr, closed, _) = stalling_server_counting().await;
+    (addr, closed)
+}
+
+/// [`stalling_server`], where every `/hang` request stalls too, with the
+/// number of stalled connections the client hung up.
+async fn stalling_server_counting() -> (
+    std::net::SocketAddr,
+    Arc<tokio::sync::Notify>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let closed = Arc::new(tokio::sync::Notify::new());
     let races = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let notify = closed.clone();
+    let hung_up = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (notify, count) = (closed.clone(), hung_up.clone());
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
-            let (closed, races) = (notify.clone(), races.clone());
+            let (closed, races, hung_up) = (notify.clone(), races.clone(), count.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 let mut chunk = [0u8; 1024];
@@ -543,7 +555,7 @@ async fn stalling_server() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
                     let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
                     let first_race = path == "/race"
                         && races.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
-                    if first_race {
+                    if first_race || path == "/hang" {
                         let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-le").await;
                         // Stalled mid-head until the client hangs up.
                         while let Ok(n) = socket.read(&mut chunk).await {
@@ -551,6 +563,7 @@ async fn stalling_server() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
                                 break;
                             }
                         }
+                        hung_up.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         closed.notify_one();
                         return;
                     }
@@ -566,7 +579,7 @@ async fn stalling_server() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
             });
         }
     });
-    (addr, closed)
+    (addr, closed, hung_up)
 }
 
 #[tokio::test]
@@ -787,4 +800,50 @@ async fn the_admission_is_asked_for_each_hedge_and_told_how_it_ended() {
     assert_eq!(policy.metrics().snapshot().throttled, 1);
     // And each call's own attempt was recorded once, as before.
     assert_eq!(records.iter().filter(|r| r.grant().is_none()).count(), 3);
+}
+
+#[tokio::test]
+async fn over_real_sockets_both_copies_end_by_the_attempts_timeout() {
+    let (addr, closed, hung_up) = stalling_server_counting().await;
+    let cfg = HedgeConfig {
+        min_samples: 5,
+        min_delay: 20 * MS,
+        max_extra_load: 1.0,
+        ..HedgeConfig::default()
+    };
+    let policy = RetryPolicy::builder()
+        .hedge(cfg)
+        .attempt_timeout(300 * MS)
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy))
+        .build();
+    let url = |path: &str| format!("http://{addr}{path}");
+    for _ in 0..5 {
+        client.get(url("/warm")).send().await.unwrap();
+    }
+    // Both copies stall: the call ends with the timeout, as reqwest made
+    // it (a bound, not a timing: without the copies' timeouts it would
+    // never end).
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let call = client.get(url("/hang")).with_extension(slot.clone()).send();
+    let err = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the attempt's timeout ends both copies")
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    let rep = slot.take().unwrap();
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    // Both stalled connections were hung up (each tells `closed`).
+    let both = async {
+        while hung_up.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+            closed.notified().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), both)
+        .await
+        .expect("both stalled copies were hung up");
+    assert_eq!(hung_up.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
