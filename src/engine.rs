@@ -44,6 +44,7 @@ use tracing::Instrument;
 use crate::admission::{
     Admission, AttemptRecord, AttemptResult, Grant, Partition, RetryKind, RetryRequest,
 };
+use crate::metrics::Metrics;
 use crate::policy::RetryPolicy;
 use crate::rate_limit::RateLimit;
 use crate::report::{RetryReport, StopReason};
@@ -115,6 +116,21 @@ impl Verdict {
             }
             Verdict::Stop { .. } => AttemptResult::Other,
         }
+    }
+}
+
+impl Signal {
+    /// `record` with what the answer said of its host's rate, a throttling
+    /// answer counted.
+    pub(crate) fn onto(self, mut record: AttemptRecord, metrics: &Metrics) -> AttemptRecord {
+        if self.throttled {
+            metrics.throttled();
+            record = record.throttled(self.retry_after);
+        }
+        if let Some(rate_limit) = self.rate_limit {
+            record = record.with_rate_limit(rate_limit);
+        }
+        record
     }
 }
 
@@ -512,14 +528,10 @@ impl<'p> Run<'p> {
     fn decide(&mut self, verdict: Verdict, signal: Signal, now: Instant) -> Step {
         let policy = self.policy;
         let result = verdict.result();
-        let mut record = AttemptRecord::new(self.attempt, self.grant, result);
-        if signal.throttled {
-            policy.metrics.throttled();
-            record = record.throttled(signal.retry_after);
-        }
-        if let Some(rate_limit) = signal.rate_limit {
-            record = record.with_rate_limit(rate_limit);
-        }
+        let record = signal.onto(
+            AttemptRecord::new(self.attempt, self.grant, result),
+            &policy.metrics,
+        );
         policy.admission.record(self.report.partition, record, now);
         if let Some(breaker) = &policy.breaker {
             breaker.record(self.report.partition, result != AttemptResult::Failure, now);

@@ -488,18 +488,16 @@ impl Hedge<'_, '_> {
             self.record_latency();
             return answer;
         };
-        // The first copy is sent before the hedge delay starts: a sleeper
-        // that moves a manual clock as it is asked (`ManualClock`) then
-        // charges no delay to an answer that was ready at once.
-        let ready = poll_fn(|cx| Poll::Ready(first.as_mut().poll(cx))).await;
-        if let Poll::Ready(answer) = ready {
-            self.record_latency();
-            return answer;
-        }
-        let mut sleep = policy.sleeper.sleep(copy.delay);
-        let early = poll_fn(|cx| match first.as_mut().poll(cx) {
-            Poll::Ready(answer) => Poll::Ready(Some(answer)),
-            Poll::Pending => sleep.as_mut().poll(cx).map(|()| None),
+        // The hedge delay starts once the first copy has been polled: a
+        // sleeper that moves a manual clock as it is asked (`ManualClock`)
+        // then charges no delay to an answer that was ready at once.
+        let mut sleep = None;
+        let early = poll_fn(|cx| {
+            if let Poll::Ready(answer) = first.as_mut().poll(cx) {
+                return Poll::Ready(Some(answer));
+            }
+            let sleep = sleep.get_or_insert_with(|| policy.sleeper.sleep(copy.delay));
+            sleep.as_mut().poll(cx).map(|()| None)
         })
         .await;
         drop(sleep);
@@ -582,13 +580,7 @@ impl Hedge<'_, '_> {
         // admission, unless that answer is the one returned (the engine
         // records it then).
         if winner != Which::Hedge {
-            if hedge_signal.throttled {
-                policy.metrics.throttled();
-                record = record.throttled(hedge_signal.retry_after);
-            }
-            if let Some(rate_limit) = hedge_signal.rate_limit {
-                record = record.with_rate_limit(rate_limit);
-            }
+            record = hedge_signal.onto(record, &policy.metrics);
         }
         policy
             .admission
