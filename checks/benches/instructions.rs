@@ -18,9 +18,12 @@
 //! `IdempotencyKey::generate` per call). Every chain but `keygen` ends in a
 //! canned `200 ok` without a socket; with `http` first it ends in a real
 //! request to a local server instead, and `bare` (a plain
-//! `reqwest::Client`) and `floor` (a plain client sending a fixed key
+//! `reqwest::Client`), `floor` (a plain client sending a fixed key
 //! header on a POST and a 30 s timeout: what any keyed call with a
-//! deadline must) join the chains. Each run prints the allocations it
+//! deadline must) and `contract` (the empty middleware stack sending, by
+//! hand, what the contract asks of a first attempt: a fresh key on the
+//! POST, a 30 s timeout and the time left in `Request-Timeout-Ms`) join
+//! the chains. Each run prints the allocations it
 //! made; per call is the same difference as for instructions.
 
 mod support;
@@ -87,7 +90,7 @@ fn usage() {
     eprintln!(
         "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|keygen> \
          <get|post> <calls>\n       instructions http \
-         <bare|floor|empty|reqwest-retry|safe-retry|safe-retry-no-deadline> <get|post> <calls>"
+         <bare|floor|contract|empty|reqwest-retry|safe-retry|safe-retry-no-deadline> <get|post> <calls>"
     );
 }
 
@@ -153,10 +156,28 @@ fn http(name: &str, post: bool, calls: u64) {
         let bare = reqwest::Client::new();
         let chain = match name {
             "bare" | "floor" => None,
+            "contract" => Some(chain("empty", false).expect("the empty chain")),
             other => Some(chain(other, false).expect("a known chain")),
         };
         for _ in 0..calls {
             let response = match (&chain, name) {
+                (Some(c), "contract") => {
+                    // What the contract asks of every first attempt, written
+                    // by hand: a fresh key on the POST, the 30 s deadline as
+                    // reqwest's timeout and as the time left in a header.
+                    let mut request = if post {
+                        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
+                        c.post(&url)
+                            .header("idempotency-key", key.as_str())
+                            .body("{}")
+                    } else {
+                        c.get(&url)
+                    };
+                    request = request
+                        .timeout(Duration::from_secs(30))
+                        .header("request-timeout-ms", 30_000u64);
+                    request.send().await.ok()
+                }
                 (Some(c), _) if post => c.post(&url).body("{}").send().await.ok(),
                 (Some(c), _) => c.get(&url).send().await.ok(),
                 (None, "floor") => {

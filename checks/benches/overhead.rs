@@ -8,6 +8,9 @@
 //! - `ClientWithMiddleware` with reqwest-retry's `RetryTransientMiddleware`,
 //! - a bare client sending what any keyed call with a deadline must (a
 //!   fixed key header on the POST and a 30 s timeout): the floor,
+//! - `ClientWithMiddleware` with no middleware sending, by hand, what the
+//!   contract asks of a first attempt (a fresh key on the POST, a 30 s
+//!   timeout, the time left in `Request-Timeout-Ms`): the contract's floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
 //! - the same without a deadline: what the default deadline's timer costs,
 //!
@@ -31,7 +34,7 @@ use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
 
 #[derive(Clone)]
 enum Variant {
@@ -39,6 +42,10 @@ enum Variant {
     /// A bare client doing by hand what any keyed call with a deadline
     /// must: a key header (a fixed one: no generation) and a 30 s timeout.
     Floor(reqwest::Client),
+    /// The empty middleware stack sending by hand what the contract asks
+    /// of a first attempt: a fresh key (POST), a 30 s timeout and the time
+    /// left in `Request-Timeout-Ms`.
+    Contract(ClientWithMiddleware),
     Middleware(ClientWithMiddleware),
 }
 
@@ -62,6 +69,22 @@ impl Variant {
                 .send()
                 .await
                 .map_err(|_| ()),
+            Variant::Contract(c) => {
+                let request = if post {
+                    let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
+                    c.post(url)
+                        .header("idempotency-key", key.as_str())
+                        .body("{}")
+                } else {
+                    c.get(url)
+                };
+                request
+                    .timeout(Duration::from_secs(30))
+                    .header("request-timeout-ms", 30_000u64)
+                    .send()
+                    .await
+                    .map_err(|_| ())
+            }
             Variant::Middleware(c) if post => c.post(url).body("{}").send().await.map_err(|_| ()),
             Variant::Middleware(c) => c.get(url).send().await.map_err(|_| ()),
         };
@@ -109,6 +132,10 @@ fn variants() -> Vec<(&'static str, Variant)> {
         (
             "floor: bare + fixed key header (POST) + 30 s timeout",
             Variant::Floor(client()),
+        ),
+        (
+            "contract by hand: empty stack + fresh key (POST) + timeout + Request-Timeout-Ms",
+            Variant::Contract(ClientBuilder::new(client()).build()),
         ),
         (
             "RetryMiddleware (reqwest-safe-retry, defaults)",
