@@ -14,7 +14,8 @@
 //!
 //! Chains: `canned` (no middleware), `reqwest-retry`, `safe-retry`
 //! (`RetryMiddleware` with the default policy), `safe-retry-no-deadline`
-//! (the same without a deadline: no per-request timeout), `keygen` (no chain: one
+//! (the same without a deadline: no per-request timeout),
+//! `safe-retry-no-deadline-header` (the deadline kept, not sent on), `keygen` (no chain: one
 //! `IdempotencyKey::generate` per call). Every chain but `keygen` ends in a
 //! canned `200 ok` without a socket; with `http` first it ends in a real
 //! request to a local server instead, and `bare` (a plain
@@ -77,6 +78,12 @@ fn chain(name: &str, canned: bool) -> Option<ClientWithMiddleware> {
         )),
         "safe-retry" => builder.with(RetryMiddleware::new(RetryPolicy::default())),
         "safe-retry-no-deadline" => builder.with(without_deadline()),
+        "safe-retry-no-deadline-header" => builder.with(RetryMiddleware::new(
+            RetryPolicy::builder()
+                .no_deadline_header()
+                .build()
+                .expect("a valid policy"),
+        )),
         _ => return None,
     };
     Some(if canned {
