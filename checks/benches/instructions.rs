@@ -23,8 +23,11 @@
 //! header on a POST and a 30 s timeout: what any keyed call with a
 //! deadline must) and `contract` (the empty middleware stack sending, by
 //! hand, what the contract asks of a first attempt: a fresh key on the
-//! POST, a 30 s timeout and the time left in `Request-Timeout-Ms`) join
-//! the chains. Each run prints the allocations it
+//! POST, a 30 s timeout and the time left in `Request-Timeout-Ms`) and
+//! `contract-own-timer` (the same with the deadline kept by a timer of its
+//! own, raced against the send and moved into the response body, instead
+//! of reqwest's per-request timeout: what issue 19's first step would cost)
+//! join the chains. Each run prints the allocations it
 //! made; per call is the same difference as for instructions.
 
 mod support;
@@ -36,6 +39,7 @@ use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPol
 use support::{block_on, without_deadline, Canned};
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -142,6 +146,32 @@ fn main() {
     println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
 }
 
+/// A response body read under the call's own deadline (the
+/// `contract-own-timer` chain): past it, a read fails with `TimedOut`.
+struct OwnDeadline {
+    body: reqwest::Body,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for OwnDeadline {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        if this.sleep.as_mut().poll(cx).is_ready() {
+            let e = std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline");
+            return std::task::Poll::Ready(Some(Err(e.into())));
+        }
+        std::pin::Pin::new(&mut this.body)
+            .poll_frame(cx)
+            .map(|f| f.map(|r| r.map_err(Into::into)))
+    }
+}
+
 /// `calls` requests, one at a time, to an axum server on loopback served
 /// by the same thread (a current-thread runtime): client and server are
 /// both counted, the same server for every chain.
@@ -163,7 +193,9 @@ fn http(name: &str, post: bool, calls: u64) {
         let bare = reqwest::Client::new();
         let chain = match name {
             "bare" | "floor" => None,
-            "contract" => Some(chain("empty", false).expect("the empty chain")),
+            "contract" | "contract-own-timer" => {
+                Some(chain("empty", false).expect("the empty chain"))
+            }
             other => Some(chain(other, false).expect("a known chain")),
         };
         for _ in 0..calls {
@@ -184,6 +216,35 @@ fn http(name: &str, post: bool, calls: u64) {
                         .timeout(Duration::from_secs(30))
                         .header("request-timeout-ms", 30_000u64);
                     request.send().await.ok()
+                }
+                (Some(c), "contract-own-timer") => {
+                    let mut request = if post {
+                        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
+                        c.post(&url)
+                            .header("idempotency-key", key.as_str())
+                            .body("{}")
+                    } else {
+                        c.get(&url)
+                    };
+                    request = request.header("request-timeout-ms", 30_000u64);
+                    let mut sleep = Box::pin(tokio::time::sleep(Duration::from_secs(30)));
+                    let response = tokio::select! {
+                        r = request.send() => r.ok(),
+                        _ = &mut sleep => None,
+                    };
+                    response.map(|r| {
+                        use reqwest::ResponseBuilderExt;
+                        let url = r.url().clone();
+                        let r: http::Response<reqwest::Body> = r.into();
+                        let (mut parts, body) = r.into_parts();
+                        let tag = http::Response::builder()
+                            .url(url)
+                            .body(())
+                            .expect("a response");
+                        parts.extensions.extend(tag.into_parts().0.extensions);
+                        let body = reqwest::Body::wrap(OwnDeadline { body, sleep });
+                        reqwest::Response::from(http::Response::from_parts(parts, body))
+                    })
                 }
                 (Some(c), _) if post => c.post(&url).body("{}").send().await.ok(),
                 (Some(c), _) => c.get(&url).send().await.ok(),
