@@ -99,9 +99,11 @@ fn chain(name: &str, canned: bool) -> Option<ClientWithMiddleware> {
 
 fn usage() {
     eprintln!(
-        "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|keygen> \
+        "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|\
+         safe-retry-no-deadline-header|keygen> \
          <get|post> <calls>\n       instructions http \
-         <bare|floor|contract|empty|reqwest-retry|safe-retry|safe-retry-no-deadline> <get|post> <calls>"
+         <bare|floor|contract|contract-own-timer|empty|reqwest-retry|safe-retry|\
+         safe-retry-no-deadline|safe-retry-no-deadline-header> <get|post> <calls>"
     );
 }
 
@@ -144,6 +146,25 @@ fn main() {
         std::hint::black_box(response.status());
     }
     println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+}
+
+/// What the contract asks of every first attempt, written by hand: a fresh
+/// key on the POST and the time left (30 s) in a header; the deadline
+/// itself is the caller's to keep.
+fn contract_request(
+    c: &ClientWithMiddleware,
+    url: &str,
+    post: bool,
+) -> reqwest_middleware::RequestBuilder {
+    let request = if post {
+        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
+        c.post(url)
+            .header("idempotency-key", key.as_str())
+            .body("{}")
+    } else {
+        c.get(url)
+    };
+    request.header("request-timeout-ms", 30_000u64)
 }
 
 /// A response body read under the call's own deadline (the
@@ -200,33 +221,13 @@ fn http(name: &str, post: bool, calls: u64) {
         };
         for _ in 0..calls {
             let response = match (&chain, name) {
-                (Some(c), "contract") => {
-                    // What the contract asks of every first attempt, written
-                    // by hand: a fresh key on the POST, the 30 s deadline as
-                    // reqwest's timeout and as the time left in a header.
-                    let mut request = if post {
-                        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
-                        c.post(&url)
-                            .header("idempotency-key", key.as_str())
-                            .body("{}")
-                    } else {
-                        c.get(&url)
-                    };
-                    request = request
-                        .timeout(Duration::from_secs(30))
-                        .header("request-timeout-ms", 30_000u64);
-                    request.send().await.ok()
-                }
+                (Some(c), "contract") => contract_request(c, &url, post)
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await
+                    .ok(),
                 (Some(c), "contract-own-timer") => {
-                    let mut request = if post {
-                        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
-                        c.post(&url)
-                            .header("idempotency-key", key.as_str())
-                            .body("{}")
-                    } else {
-                        c.get(&url)
-                    };
-                    request = request.header("request-timeout-ms", 30_000u64);
+                    let request = contract_request(c, &url, post);
                     let mut sleep = Box::pin(tokio::time::sleep(Duration::from_secs(30)));
                     let response = tokio::select! {
                         r = request.send() => r.ok(),
