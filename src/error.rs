@@ -71,7 +71,8 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// An idempotency key that cannot be sent: empty, longer than 255
-/// characters, or holding characters an HTTP header cannot carry.
+/// characters, holding characters an HTTP header cannot carry, or a
+/// request carrying its key header more than once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyError {
     reason: &'static str,

@@ -219,9 +219,15 @@ impl RetryMiddleware {
         options: Option<&RequestOptions>,
     ) -> Result<(Option<SharedKey>, Option<HeaderValue>), KeyError> {
         let settings = &self.policy.settings;
-        if let Some(existing) = request.headers().get(&settings.key_header) {
+        let mut existing = request.headers().get_all(&settings.key_header).iter();
+        if let Some(first) = existing.next() {
+            if existing.next().is_some() {
+                // Which of two keys a server reads is its own choice (the
+                // server half refuses them): refused before it is sent.
+                return Err(KeyError::new("the key header must appear only once"));
+            }
             // A key the caller already set is kept, never overwritten.
-            return IdempotencyKey::from_header(existing).map(|key| (Some(key.into()), None));
+            return IdempotencyKey::from_header(first).map(|key| (Some(key.into()), None));
         }
         let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
             KeyChoice::Skip => return Ok((None, None)),

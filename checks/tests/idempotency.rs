@@ -154,6 +154,32 @@ async fn an_invalid_key_is_refused_before_anything_is_sent() {
     assert!(server.received_requests().await.unwrap().is_empty());
 }
 
+/// Two key lines, valid or not, are refused as one bad key is: a server
+/// reads one of them (which one is its own choice) or, as the server half
+/// does, refuses both, and the report could name only one.
+#[tokio::test]
+async fn a_key_header_given_twice_is_refused_before_anything_is_sent() {
+    let server = support::answering(200).await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).build().unwrap());
+    for second in ["key-b".to_owned(), "k".repeat(256), "key-a".to_owned()] {
+        let err = c
+            .post(server.uri())
+            .header("Idempotency-Key", "key-a")
+            .header("Idempotency-Key", second.as_str())
+            .body("{}")
+            .send()
+            .await
+            .unwrap_err();
+        let e = RetryError::from_middleware(&err).unwrap();
+        assert_eq!(e.report().attempts(), 0);
+        let source = std::error::Error::source(e).unwrap().to_string();
+        assert!(source.contains("must appear only once"), "{source}");
+    }
+    assert!(recorder.sent().is_empty());
+    assert!(server.received_requests().await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn opting_out_attaches_no_key_and_v7_keys_are_time_ordered() {
     let server = support::answering(200).await;
