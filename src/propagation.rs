@@ -211,15 +211,18 @@ pub(crate) fn time_left_in(headers: &HeaderMap, name: &http::HeaderName) -> Opti
     headers
         .get_all(name)
         .iter()
-        .filter_map(|value| value.to_str().ok())
-        // Lines folded into one with commas (RFC 9110 §5.3) count apart.
-        .flat_map(|line| line.split(','))
-        .filter_map(|text| {
-            let text = text.trim_matches([' ', '\t']);
-            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        // Lines folded into one with commas (RFC 9110 §5.3) count apart,
+        // and each piece on its own: bytes that are not text in one piece
+        // (a header may carry any byte but controls) spoil that piece only.
+        .flat_map(|line| line.as_bytes().split(|&b| b == b','))
+        .filter_map(|piece| {
+            // Spaces and tabs: the only whitespace a header value holds.
+            let digits = piece.trim_ascii();
+            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
                 return None;
             }
-            // Only digits: the one failure left is overflow.
+            // Only digits: valid UTF-8, and the one failure left is overflow.
+            let text = std::str::from_utf8(digits).ok()?;
             Some(text.parse::<u64>().unwrap_or(u64::MAX))
         })
         .min()
@@ -230,6 +233,23 @@ pub(crate) fn time_left_in(headers: &HeaderMap, name: &http::HeaderName) -> Opti
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    /// A byte that is not text spoils only the comma-separated piece it is
+    /// in: the valid values on its line still count.
+    #[test]
+    fn a_piece_that_is_not_text_hides_nothing_beside_it() {
+        let name = http::HeaderName::from_static(DEFAULT_DEADLINE_HEADER);
+        let mut headers = HeaderMap::new();
+        headers.append(&name, HeaderValue::from_static("900"));
+        headers.append(&name, HeaderValue::from_bytes(b"300, \xc3\xa9").unwrap());
+        assert_eq!(
+            time_left_in(&headers, &name),
+            Some(Duration::from_millis(300))
+        );
+        let mut one = HeaderMap::new();
+        one.append(&name, HeaderValue::from_bytes(b"\xff7, 250 ,\t").unwrap());
+        assert_eq!(time_left_in(&one, &name), Some(Duration::from_millis(250)));
+    }
 
     fn read(values: &[&str]) -> Option<Duration> {
         let name = http::HeaderName::from_static(DEFAULT_DEADLINE_HEADER);

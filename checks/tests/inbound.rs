@@ -96,6 +96,23 @@ async fn a_request_whose_time_is_spent_is_answered_at_once_without_the_handler()
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
 }
 
+/// A spent time left is seen beside a piece that is not text on its line.
+#[tokio::test(start_paused = true)]
+async fn a_spent_time_left_beside_bytes_that_are_not_text_is_still_spent() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut service = InheritDeadlineLayer::new().layer(handler(ms(0), runs.clone()));
+    for value in [&b"0, bad"[..], b"0, b\xc3\xa4d", b"\xff, 0"] {
+        let mut req = request(&[]);
+        req.headers_mut().insert(
+            "request-timeout-ms",
+            http::HeaderValue::from_bytes(value).unwrap(),
+        );
+        let response = serve(&mut service, req).await;
+        assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT, "{value:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the handler never ran");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_malformed_or_missing_time_left_is_ignored() {
     let runs = Arc::new(AtomicUsize::new(0));
