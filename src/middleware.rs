@@ -476,7 +476,8 @@ impl Hedge<'_, '_> {
     /// Waits for the first copy, sends the second once the hedge delay has
     /// passed without an answer (and the budget and the admission allow
     /// it), and returns the first answer that is not a transient failure
-    /// (the last one when both fail so). The other copy is dropped: its
+    /// (when both fail so, the one whose Retry-After asks for the longer
+    /// wait, else the later one). The other copy is dropped: its
     /// request is abandoned and its connection closed, not reused. The
     /// attempt judges the answer returned as any other (the classifiers are
     /// asked about it once more).
@@ -540,6 +541,11 @@ impl Hedge<'_, '_> {
         let mut second = Some(next.run(request, &mut extensions));
         let mut hedge_result = AttemptResult::Other;
         let mut hedge_signal = Signal::default();
+        // The first copy's transient answer while the hedge was still out:
+        // what it said of the host, and the answer itself, kept in case it
+        // asked for the longer wait.
+        let mut first_seen: Option<(AttemptResult, Signal)> = None;
+        let mut held: Option<(Which, Answer, Verdict)> = None;
         let (winner, answer, verdict) = loop {
             let (which, answer) = poll_fn(|cx| {
                 if let Some(Poll::Ready(answer)) = first.as_mut().map(|f| f.as_mut().poll(cx)) {
@@ -556,6 +562,7 @@ impl Hedge<'_, '_> {
                 Which::First => {
                     first = None;
                     self.record_latency();
+                    first_seen = Some((verdict.result(), judge.signal(&answer, verdict)));
                 }
                 Which::Hedge => {
                     second = None;
@@ -568,6 +575,19 @@ impl Hedge<'_, '_> {
             if !(in_flight && matches!(verdict, Verdict::Transient { .. })) {
                 break (which, answer, verdict);
             }
+            held = Some((which, answer, verdict));
+        };
+        // Both copies failed: the answer returned is the one that asked
+        // for the longer wait, so the retry honours the host's longer
+        // Retry-After whichever copy carried it (the later one on a tie).
+        let (winner, answer, verdict) = match held {
+            Some((which, held, held_verdict))
+                if matches!(verdict, Verdict::Transient { .. })
+                    && hint(held_verdict) > hint(verdict) =>
+            {
+                (which, held, held_verdict)
+            }
+            _ => (winner, answer, verdict),
         };
         if first.take().is_some() {
             // The first copy lost: its latency was at least this long.
@@ -581,17 +601,33 @@ impl Hedge<'_, '_> {
             policy.metrics.hedge_won();
             self.hedging.won.fetch_add(1, Ordering::Relaxed);
         }
-        let mut record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
-        // What the hedge's answer said of the host's rate reaches the
-        // admission, unless that answer is the one returned (the engine
-        // records it then).
-        if winner != Which::Hedge {
-            record = hedge_signal.onto(record, &policy.metrics);
-        }
+        // The engine records the answer returned. The hedge's grant is
+        // closed with the other answer, so that each answer the host gave
+        // (and what it said of the host's rate) reaches the admission once:
+        // the hedge's when the first copy's is returned, the first copy's
+        // when the hedge's is (or the hedge's result alone when the first
+        // copy never answered).
+        let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
+        let record = match (winner, first_seen) {
+            (Which::First, _) => hedge_signal.onto(record, &policy.metrics),
+            (Which::Hedge, Some((result, signal))) => signal.onto(
+                AttemptRecord::new(ctx.attempt(), Some(grant), result),
+                &policy.metrics,
+            ),
+            (Which::Hedge, None) => record,
+        };
         policy
             .admission
             .record(self.hedging.partition, record, policy.clock.now());
         answer
+    }
+}
+
+/// The wait a transient verdict asks for (none for any other verdict).
+fn hint(verdict: Verdict) -> Option<std::time::Duration> {
+    match verdict {
+        Verdict::Transient { retry_after, .. } => retry_after,
+        _ => None,
     }
 }
 

@@ -12,7 +12,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
     AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource, HedgeConfig,
     Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
-    RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest,
+    RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, TokenBucketConfig,
 };
 use tokio::time::Instant;
 
@@ -846,4 +846,111 @@ async fn over_real_sockets_both_copies_end_by_the_attempts_timeout() {
         .await
         .expect("both stalled copies were hung up");
     assert_eq!(hung_up.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// The first copy's throttling answer reaches the admission when the
+/// hedge's answer is the one used, as the hedge's does the other way round.
+#[tokio::test(start_paused = true)]
+async fn a_throttled_first_copy_reaches_the_admission_when_the_hedge_wins() {
+    let server = Server::new(2 * MS);
+    let ledger = Arc::new(Ledger::default());
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .shared_admission(ledger.clone())
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    ledger.records.lock().unwrap().clear();
+    // The first copy: 429 with Retry-After: 2 at 10 ms; the hedge (sent at
+    // the p95, ~2 ms) answers 200 at ~22 ms.
+    server.then(&[(10 * MS, 429), (20 * MS, 200)]);
+    let r = client.get("http://svc.test/t").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 1));
+    assert_eq!(server.seen()[100].answered, Some(true), "the 429 was sent");
+    let records = ledger.records.lock().unwrap();
+    // Two answers, two records: the hedge's success (the engine's, as the
+    // answer used) and the first copy's 429 under the hedge's grant.
+    assert_eq!(records.len(), 2, "{records:?}");
+    let throttled: Vec<_> = records.iter().filter(|r| r.was_throttled()).collect();
+    assert_eq!(throttled.len(), 1, "{records:?}");
+    assert_eq!(throttled[0].result(), AttemptResult::Failure);
+    assert_eq!(throttled[0].retry_after(), Some(Duration::from_secs(2)));
+    assert_eq!(policy.metrics().snapshot().throttled, 1);
+}
+
+/// Both copies fail: the retry waits out the longer Retry-After, whichever
+/// copy carried it, with an admission that does not pace (so the wait is
+/// the engine's floor, not the admission's).
+#[tokio::test(start_paused = true)]
+async fn both_copies_failing_the_retry_honours_either_copys_retry_after() {
+    // (first copy, hedge): the 429 (Retry-After: 2) on either side.
+    for script in [
+        [(10 * MS, 429), (20 * MS, 503)],
+        [(30 * MS, 503), (MS, 429)],
+    ] {
+        let server = Server::new(2 * MS);
+        let policy = builder()
+            .hedge(HedgeConfig::default())
+            .token_bucket(TokenBucketConfig::default())
+            .max_attempts(2)
+            .build()
+            .unwrap();
+        let client = client(policy.clone(), &server);
+        warm(&client, 100).await;
+        server.then(&script);
+        let r = client.get("http://svc.test/b").send().await.unwrap();
+        let rep = report(&r);
+        assert_eq!(
+            (rep.attempts(), rep.hedges()),
+            (2, 1),
+            "{script:?}: {rep:?}"
+        );
+        assert_eq!(rep.retry_after_honoured(), 1, "{script:?}: {rep:?}");
+        assert!(
+            rep.delays()[0] >= Duration::from_secs(2),
+            "{script:?}: {rep:?}"
+        );
+        let seen = server.seen();
+        assert_eq!(seen.len(), 103, "{script:?}");
+        let last_failure = seen[100..102]
+            .iter()
+            .zip(&script)
+            .map(|(a, (latency, _))| a.at + *latency)
+            .max()
+            .unwrap();
+        assert!(
+            seen[102].at >= last_failure + Duration::from_secs(2) - 20 * MS,
+            "{script:?}: the retry went {:?} after the failures",
+            seen[102].at - last_failure
+        );
+    }
+}
+
+/// The same with the default admission: the first copy's Retry-After holds
+/// the retry back.
+#[tokio::test(start_paused = true)]
+async fn the_first_copys_retry_after_is_honoured_when_both_copies_fail() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .max_attempts(2)
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    // The first copy: 429 with Retry-After: 2 at 10 ms; the hedge: 503 at ~22 ms.
+    server.then(&[(10 * MS, 429), (20 * MS, 503), (2 * MS, 200)]);
+    let r = client.get("http://svc.test/b").send().await.unwrap();
+    let rep = report(&r);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 103, "{rep:?}");
+    let throttled_at = seen[100].at + 10 * MS;
+    assert!(
+        seen[102].at >= throttled_at + Duration::from_secs(2),
+        "the retry went {:?} after the server said `Retry-After: 2` ({rep:?})",
+        seen[102].at - throttled_at
+    );
 }
