@@ -165,6 +165,7 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod answer;
 mod body;
 mod config;
 mod context;

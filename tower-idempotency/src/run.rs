@@ -21,6 +21,7 @@ use http_body::Body;
 use tokio::runtime::Handle;
 use tower_service::Service;
 
+use crate::answer::answer_without_running;
 use crate::body::{collect_catching, CollectError};
 use crate::config::Config;
 use crate::context::{BoxError, IdempotencyContext};
@@ -29,7 +30,7 @@ use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value, to_response, to_stored};
-use crate::store::{ClaimOutcome, IdempotencyStore, LeaseToken, StoreError, StoredResponse};
+use crate::store::{IdempotencyStore, StoreError, StoredResponse};
 
 /// Pause before the second attempt; doubled for each further one, up to
 /// [`COMPLETE_BACKOFF_CAP`].
@@ -144,55 +145,6 @@ where
         };
         drop(keeping);
         done
-    }
-}
-
-/// The lease, or the answer when the key is not ours to run.
-pub(crate) fn answer_without_running<B: From<Bytes>>(
-    claimed: Result<ClaimOutcome, crate::StoreError>,
-    config: &Config,
-) -> Result<LeaseToken, Response<B>> {
-    match claimed {
-        Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
-        Ok(ClaimOutcome::Completed {
-            response,
-            fingerprint_matches: true,
-        }) => Err(to_response(response, true)),
-        Ok(ClaimOutcome::InProgress {
-            fingerprint_matches: true,
-        }) => Err(problem(
-            ProblemKind::InProgress,
-            "a request with this idempotency key is still being processed",
-            Some(retry_after_value(config.retry_after)),
-        )),
-        Ok(ClaimOutcome::Completed { .. } | ClaimOutcome::InProgress { .. }) => Err(problem(
-            ProblemKind::KeyReused,
-            "this idempotency key was already used with a different request",
-            None,
-        )),
-        Err(err) => Err(store_error_answer(err, config)),
-    }
-}
-
-/// `503` + `Retry-After` for a transient store error, `500` otherwise.
-pub(crate) fn store_error_answer<B: From<Bytes>>(
-    err: crate::StoreError,
-    config: &Config,
-) -> Response<B> {
-    if err.is_transient() {
-        tracing::error!(error = %err, "idempotency store unavailable");
-        problem(
-            ProblemKind::StoreUnavailable,
-            "the idempotency store is unavailable; retry later",
-            Some(retry_after_value(config.retry_after)),
-        )
-    } else {
-        tracing::error!(error = %err, "idempotency store refused the request");
-        problem(
-            ProblemKind::StoreFailed,
-            "the idempotency store refused this request; nothing was run",
-            None,
-        )
     }
 }
 

@@ -26,6 +26,7 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_service::Service;
 
+use crate::answer::{answer_without_running, store_error_answer};
 use crate::body::collect_catching;
 use crate::config::Config;
 use crate::context::{BoxError, IdempotencyContext};
@@ -34,7 +35,6 @@ use crate::key::fingerprint;
 use crate::postgres::{db_err, PostgresStore};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{retry_after_value, to_stored};
-use crate::run::{answer_without_running, store_error_answer};
 use crate::store::StoreError;
 
 /// A locked [`IdempotencyTransaction`]: dereferences to the sqlx
