@@ -1,4 +1,8 @@
-//! Every setting of the layer, and the builder that validates them.
+//! Every setting of the layer, and the builder that gathers them.
+//!
+//! Below the layer: the builder's `build`, which checks the settings and
+//! makes the layer from them, lives beside the layer (`layer.rs`), so this
+//! file never imports it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -7,7 +11,6 @@ use std::time::Duration;
 use http::{header, HeaderName, Method, StatusCode};
 
 use crate::context::IDEMPOTENCY_KEY;
-use crate::layer::IdempotencyLayer;
 use crate::scope::ScopeRule;
 use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 
@@ -102,7 +105,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    fn new(setting: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(setting: &'static str, reason: impl Into<String>) -> Self {
         Self {
             setting,
             reason: reason.into(),
@@ -123,9 +126,9 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Builds an [`IdempotencyLayer`] with non-default settings; see
-/// [`IdempotencyLayer::builder`]. Settings are checked by
-/// [`build`](Self::build).
+/// Builds an [`IdempotencyLayer`](crate::IdempotencyLayer) with non-default
+/// settings; see [`IdempotencyLayer::builder`](crate::IdempotencyLayer::builder).
+/// Settings are checked by [`build`](Self::build).
 ///
 /// ```
 /// use std::time::Duration;
@@ -145,9 +148,9 @@ impl std::error::Error for ConfigError {}
 /// ```
 #[must_use = "call build() to get the layer"]
 pub struct IdempotencyLayerBuilder {
-    store: Arc<dyn IdempotencyStore>,
-    config: Config,
-    heartbeat_set: bool,
+    pub(crate) store: Arc<dyn IdempotencyStore>,
+    pub(crate) config: Config,
+    pub(crate) heartbeat_set: bool,
 }
 
 impl fmt::Debug for IdempotencyLayerBuilder {
@@ -312,61 +315,5 @@ impl IdempotencyLayerBuilder {
     pub fn request_body_timeout(mut self, timeout: Duration) -> Self {
         self.config.request_body_timeout = timeout;
         self
-    }
-
-    /// Checks the settings and builds the layer.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the setting when a duration is zero, the lock
-    /// timeout exceeds the expiry, the heartbeat is not shorter than the lock
-    /// timeout, or a released status is not a 4xx or 5xx.
-    pub fn build(mut self) -> Result<IdempotencyLayer, ConfigError> {
-        let c = &mut self.config;
-        for (setting, value) in [
-            ("lock_timeout", c.lock_timeout),
-            ("expiry", c.expiry),
-            ("request_body_timeout", c.request_body_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(ConfigError::new(setting, "must be longer than zero"));
-            }
-        }
-        if c.lock_timeout > c.expiry {
-            return Err(ConfigError::new(
-                "lock_timeout",
-                format!(
-                    "{:?} is longer than the expiry ({:?}): an unfinished claim would expire \
-                     and run again",
-                    c.lock_timeout, c.expiry
-                ),
-            ));
-        }
-        if !self.heartbeat_set {
-            c.heartbeat_every = c.lock_timeout / 3;
-        }
-        if c.heartbeat_every.is_zero() || c.heartbeat_every >= c.lock_timeout {
-            return Err(ConfigError::new(
-                "heartbeat_every",
-                format!(
-                    "{:?} must be longer than zero and shorter than the lock timeout ({:?})",
-                    c.heartbeat_every, c.lock_timeout
-                ),
-            ));
-        }
-        if let Some(status) = c
-            .release_statuses
-            .iter()
-            .find(|s| !(s.is_client_error() || s.is_server_error()))
-        {
-            return Err(ConfigError::new(
-                "release_statuses",
-                format!("{status} is not an error status; releasing it would repeat its effect"),
-            ));
-        }
-        Ok(IdempotencyLayer::from_parts(
-            self.store,
-            Arc::new(self.config),
-        ))
     }
 }

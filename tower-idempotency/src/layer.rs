@@ -1,7 +1,8 @@
-//! The tower [`IdempotencyLayer`] and its [`IdempotencyService`]: what the
-//! layer checks before anything is claimed, then the claimed request, run
-//! in the response future (see `run.rs`) and handed to a task of its own if
-//! that future is dropped (`inline.rs`).
+//! The tower [`IdempotencyLayer`] (and the builder's `build` that makes
+//! it) and its [`IdempotencyService`]: what the layer checks before
+//! anything is claimed, then the claimed request, run in the response
+//! future (see `run.rs`) and handed to a task of its own if that future is
+//! dropped (`inline.rs`).
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -17,7 +18,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::{collect, CollectError};
-use crate::config::{Config, IdempotencyLayerBuilder};
+use crate::config::{Config, ConfigError, IdempotencyLayerBuilder};
 use crate::context::BoxError;
 use crate::inline::Detach;
 use crate::keeper::LeaseKeeper;
@@ -124,6 +125,65 @@ impl IdempotencyLayer {
     /// identity itself.
     pub fn stored_scope(&self, parts: &Parts) -> String {
         self.config.scope.stored_scope(parts).into_owned()
+    }
+}
+
+// Here, not in `config.rs`: the settings sit below the layer they make.
+impl IdempotencyLayerBuilder {
+    /// Checks the settings and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when a duration is zero, the lock
+    /// timeout exceeds the expiry, the heartbeat is not shorter than the lock
+    /// timeout, or a released status is not a 4xx or 5xx.
+    pub fn build(mut self) -> Result<IdempotencyLayer, ConfigError> {
+        let c = &mut self.config;
+        for (setting, value) in [
+            ("lock_timeout", c.lock_timeout),
+            ("expiry", c.expiry),
+            ("request_body_timeout", c.request_body_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(setting, "must be longer than zero"));
+            }
+        }
+        if c.lock_timeout > c.expiry {
+            return Err(ConfigError::new(
+                "lock_timeout",
+                format!(
+                    "{:?} is longer than the expiry ({:?}): an unfinished claim would expire \
+                     and run again",
+                    c.lock_timeout, c.expiry
+                ),
+            ));
+        }
+        if !self.heartbeat_set {
+            c.heartbeat_every = c.lock_timeout / 3;
+        }
+        if c.heartbeat_every.is_zero() || c.heartbeat_every >= c.lock_timeout {
+            return Err(ConfigError::new(
+                "heartbeat_every",
+                format!(
+                    "{:?} must be longer than zero and shorter than the lock timeout ({:?})",
+                    c.heartbeat_every, c.lock_timeout
+                ),
+            ));
+        }
+        if let Some(status) = c
+            .release_statuses
+            .iter()
+            .find(|s| !(s.is_client_error() || s.is_server_error()))
+        {
+            return Err(ConfigError::new(
+                "release_statuses",
+                format!("{status} is not an error status; releasing it would repeat its effect"),
+            ));
+        }
+        Ok(IdempotencyLayer::from_parts(
+            self.store,
+            Arc::new(self.config),
+        ))
     }
 }
 
