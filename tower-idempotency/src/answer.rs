@@ -2,7 +2,7 @@
 //! store holds for the key (the replay, `409`, `422`) or why the store
 //! failed (`503`, `500`).
 //!
-//! Both modes give them alike, so they sit below both: `run.rs` (two-phase)
+//! Both modes give them alike, so they sit below both: `run/` (two-phase)
 //! and `transactional.rs` import this file, and it imports neither.
 
 use bytes::Bytes;

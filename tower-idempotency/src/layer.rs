@@ -1,7 +1,7 @@
 //! The tower [`IdempotencyLayer`] (and the builder's `build` that makes
 //! it) and its [`IdempotencyService`]: what the layer checks before
 //! anything is claimed, then the claimed request, run in the response
-//! future (see `run.rs`) and handed to a task of its own if that future is
+//! future (see `run/`) and handed to a task of its own if that future is
 //! dropped (`inline.rs`).
 
 use std::fmt;

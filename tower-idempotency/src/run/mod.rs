@@ -8,11 +8,18 @@
 //! the configured release statuses). Whatever happens after the handler
 //! started (a panic, an error, a response too large to keep, a store that
 //! fails) leaves the key completed, so a retry can never run it twice.
+//!
+//! The two-phase mode, in two files: this one runs the request and stores
+//! its response; `claim.rs` holds the key the request owns until it is
+//! settled. Both may use what lies below the layer (the settings, the
+//! store, the keeper, the answers given without running, the body and
+//! replay helpers); neither imports the layer or the transactional mode.
+
+mod claim;
 
 use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -28,15 +35,10 @@ use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
-use crate::problem::{problem, ProblemKind};
-use crate::replay::{marker, retry_after_value, to_response, to_stored};
-use crate::store::{IdempotencyStore, StoreError, StoredResponse};
+use crate::replay::{to_response, to_stored};
+use crate::store::IdempotencyStore;
 
-/// Pause before the second attempt; doubled for each further one, up to
-/// [`COMPLETE_BACKOFF_CAP`].
-const COMPLETE_BACKOFF: Duration = Duration::from_millis(20);
-/// The longest pause between two attempts.
-const COMPLETE_BACKOFF_CAP: Duration = Duration::from_secs(1);
+use self::claim::{Claim, Settled};
 
 /// Runs a keyed request whose body has been read. Polled in the response
 /// future inside [`Detach`](crate::inline::Detach): if the client goes away
@@ -195,16 +197,6 @@ where
     }
 }
 
-/// `409` with `Retry-After`: the key's answer belongs to another run; the
-/// retry reads it from the store.
-fn lost_answer<B: From<Bytes>>(config: &Config) -> Response<B> {
-    problem(
-        ProblemKind::InProgress,
-        "another request with this idempotency key holds its outcome; retry to get it",
-        Some(retry_after_value(config.retry_after)),
-    )
-}
-
 /// The collected response body, or why it cannot be kept (the marker's
 /// detail).
 fn kept_body(
@@ -226,177 +218,6 @@ fn kept_body(
         Ok(Err(CollectError::Failed(err))) => Err(format!(
             "the handler completed with status {status} but its response body failed: {err}"
         )),
-    }
-}
-
-/// A key this request owns.
-struct Claim {
-    store: Arc<dyn IdempotencyStore>,
-    kept: Arc<Kept>,
-    /// The layer's settings (its `completion_patience`).
-    config: Arc<Config>,
-}
-
-/// A store's failure to keep a response: whether trying again may help.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Retryable(bool);
-
-/// How an attempt to keep a response ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Settled {
-    /// Kept (by the layer, or by the handler in its own transaction).
-    Stored,
-    /// The lease is no longer ours: another request took the key over.
-    Lost,
-}
-
-impl Claim {
-    /// Stores the response `response` makes, retrying a failing store with
-    /// a growing pause for up to the layer's `completion_patience`: long
-    /// enough to outlast a database failover (the lease is kept
-    /// alive meanwhile). The first attempt hands it over (a memory store
-    /// keeps it without copying it); the retries, rare, store a copy made
-    /// again. `None` if the store kept failing.
-    async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
-        match self.try_complete_owned(response()).await {
-            Ok(done) => Some(done),
-            // A permanent error: trying again cannot help.
-            Err(Retryable(false)) => None,
-            // Retries (with their timer) live in a box: held inline, they
-            // would make every request's future larger.
-            Err(Retryable(true)) => Box::pin(self.complete_retrying(&response())).await,
-        }
-    }
-
-    /// The answer of an owner whose lease was lost: what the store holds
-    /// for the key (the replay of the run that took it over, `409` while
-    /// that run is in progress), never its own response as if it had won.
-    /// Boxed: a rare path.
-    fn answer_lost<'a, B: From<Bytes> + Send + 'a>(
-        &'a self,
-    ) -> Pin<Box<dyn Future<Output = Response<B>> + Send + 'a>> {
-        Box::pin(async move {
-            let (kept, config) = (&self.kept, &*self.config);
-            tracing::error!(
-                key = kept.key,
-                "idempotency lease lost while the handler ran (taken over after it was stale); \
-                 answering with what the store holds"
-            );
-            let found = (*self.store)
-                .lookup(&kept.scope, &kept.key, kept.fingerprint)
-                .await;
-            match found {
-                Ok(Some(outcome)) => match answer_without_running(Ok(outcome), config) {
-                    Err(answer) => answer,
-                    // `lookup` never claims.
-                    Ok(_) => lost_answer(config),
-                },
-                Ok(None) | Err(_) => lost_answer(config),
-            }
-        })
-    }
-
-    /// The first attempt to store a handler's response, handing it over;
-    /// `Err` if the store failed.
-    async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
-        let kept = &self.kept;
-        // Through the `dyn` (see `process`).
-        let stored = (*self.store)
-            .complete_owned(&kept.scope, &kept.key, kept.lease, response)
-            .await;
-        self.completed(stored, 1)
-    }
-
-    /// Attempts `attempt` to store `response`; `Err` if the store failed.
-    async fn try_complete(
-        &self,
-        response: &StoredResponse,
-        attempt: u32,
-    ) -> Result<Settled, Retryable> {
-        let kept = &self.kept;
-        // Through the `dyn` (see `process`).
-        let stored = (*self.store)
-            .complete(&kept.scope, &kept.key, kept.lease, response)
-            .await;
-        self.completed(stored, attempt)
-    }
-
-    /// What a store's answer to attempt `attempt` means; `Err` if the
-    /// store failed, saying whether trying again may help.
-    fn completed(
-        &self,
-        stored: Result<bool, StoreError>,
-        attempt: u32,
-    ) -> Result<Settled, Retryable> {
-        let kept = &self.kept;
-        match stored {
-            Ok(true) => Ok(Settled::Stored),
-            // The handler stored its response in its own transaction.
-            Ok(false) if kept.completed_in_tx() => Ok(Settled::Stored),
-            Ok(false) => Ok(Settled::Lost),
-            Err(err) => {
-                tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
-                Err(Retryable(err.is_transient()))
-            }
-        }
-    }
-
-    /// The attempts after a failed first one, with a growing pause, for
-    /// up to the layer's `completion_patience`.
-    async fn complete_retrying(&self, response: &StoredResponse) -> Option<Settled> {
-        // `None`: a patience past what an `Instant` holds, never give up.
-        let give_up = tokio::time::Instant::now().checked_add(self.config.completion_patience);
-        let mut pause = COMPLETE_BACKOFF;
-        let mut attempt = 1;
-        while give_up.is_none_or(|at| tokio::time::Instant::now() + pause <= at) {
-            tokio::time::sleep(pause).await;
-            pause = pause.saturating_mul(2).min(COMPLETE_BACKOFF_CAP);
-            attempt += 1;
-            match self.try_complete(response, attempt).await {
-                Ok(done) => return Some(done),
-                Err(Retryable(false)) => return None,
-                Err(Retryable(true)) => {}
-            }
-        }
-        None
-    }
-
-    /// Completes the key with the "response not retained" marker and
-    /// returns it. If even that fails the key stays in progress until its
-    /// lock times out, after which a retry runs the handler again: logged
-    /// as an error.
-    ///
-    /// Boxed: a rare path, whose future would otherwise be held inline by
-    /// every request's.
-    fn leave_marker<'a>(
-        &'a self,
-        detail: &'a str,
-    ) -> Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>> {
-        Box::pin(async move {
-            tracing::error!(
-                key = self.kept.key,
-                detail,
-                "idempotent response not retained"
-            );
-            let marker = marker(detail);
-            if self.complete(|| marker.clone()).await.is_none() {
-                tracing::error!(
-                    key = self.kept.key,
-                    "storing the not-retained marker failed; the key frees after the lock timeout"
-                );
-            }
-            marker
-        })
-    }
-
-    /// Frees the key: the handler did no work.
-    async fn release(&self) {
-        if let Err(err) = (*self.store)
-            .release(&self.kept.scope, &self.kept.key, self.kept.lease)
-            .await
-        {
-            tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
-        }
     }
 }
 

@@ -1,0 +1,208 @@
+//! A key this request owns, until it is settled: its response stored
+//! (trying a failing store again for the layer's `completion_patience`),
+//! the key freed, or the "response not retained" marker left in its place;
+//! and, when the lease turned out lost, the answer the store holds instead.
+//!
+//! Below `run/mod.rs`, which makes a [`Claim`] once the key is won.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+
+use crate::answer::answer_without_running;
+use crate::config::Config;
+use crate::keeper::Kept;
+use crate::problem::{problem, ProblemKind};
+use crate::replay::{marker, retry_after_value};
+use crate::store::{IdempotencyStore, StoreError, StoredResponse};
+
+/// Pause before the second attempt; doubled for each further one, up to
+/// [`COMPLETE_BACKOFF_CAP`].
+const COMPLETE_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest pause between two attempts.
+const COMPLETE_BACKOFF_CAP: Duration = Duration::from_secs(1);
+
+/// `409` with `Retry-After`: the key's answer belongs to another run; the
+/// retry reads it from the store.
+fn lost_answer<B: From<Bytes>>(config: &Config) -> Response<B> {
+    problem(
+        ProblemKind::InProgress,
+        "another request with this idempotency key holds its outcome; retry to get it",
+        Some(retry_after_value(config.retry_after)),
+    )
+}
+
+/// A key this request owns.
+pub(super) struct Claim {
+    pub(super) store: Arc<dyn IdempotencyStore>,
+    pub(super) kept: Arc<Kept>,
+    /// The layer's settings (its `completion_patience`).
+    pub(super) config: Arc<Config>,
+}
+
+/// A store's failure to keep a response: whether trying again may help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Retryable(bool);
+
+/// How an attempt to keep a response ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// Kept (by the layer, or by the handler in its own transaction).
+    Stored,
+    /// The lease is no longer ours: another request took the key over.
+    Lost,
+}
+
+impl Claim {
+    /// Stores the response `response` makes, retrying a failing store with
+    /// a growing pause for up to the layer's `completion_patience`: long
+    /// enough to outlast a database failover (the lease is kept
+    /// alive meanwhile). The first attempt hands it over (a memory store
+    /// keeps it without copying it); the retries, rare, store a copy made
+    /// again. `None` if the store kept failing.
+    pub(super) async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
+        match self.try_complete_owned(response()).await {
+            Ok(done) => Some(done),
+            // A permanent error: trying again cannot help.
+            Err(Retryable(false)) => None,
+            // Retries (with their timer) live in a box: held inline, they
+            // would make every request's future larger.
+            Err(Retryable(true)) => Box::pin(self.complete_retrying(&response())).await,
+        }
+    }
+
+    /// The answer of an owner whose lease was lost: what the store holds
+    /// for the key (the replay of the run that took it over, `409` while
+    /// that run is in progress), never its own response as if it had won.
+    /// Boxed: a rare path.
+    pub(super) fn answer_lost<'a, B: From<Bytes> + Send + 'a>(
+        &'a self,
+    ) -> Pin<Box<dyn Future<Output = Response<B>> + Send + 'a>> {
+        Box::pin(async move {
+            let (kept, config) = (&self.kept, &*self.config);
+            tracing::error!(
+                key = kept.key,
+                "idempotency lease lost while the handler ran (taken over after it was stale); \
+                 answering with what the store holds"
+            );
+            let found = (*self.store)
+                .lookup(&kept.scope, &kept.key, kept.fingerprint)
+                .await;
+            match found {
+                Ok(Some(outcome)) => match answer_without_running(Ok(outcome), config) {
+                    Err(answer) => answer,
+                    // `lookup` never claims.
+                    Ok(_) => lost_answer(config),
+                },
+                Ok(None) | Err(_) => lost_answer(config),
+            }
+        })
+    }
+
+    /// The first attempt to store a handler's response, handing it over;
+    /// `Err` if the store failed.
+    async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
+        let kept = &self.kept;
+        // Through the `dyn` (see `run::process`).
+        let stored = (*self.store)
+            .complete_owned(&kept.scope, &kept.key, kept.lease, response)
+            .await;
+        self.completed(stored, 1)
+    }
+
+    /// Attempts `attempt` to store `response`; `Err` if the store failed.
+    async fn try_complete(
+        &self,
+        response: &StoredResponse,
+        attempt: u32,
+    ) -> Result<Settled, Retryable> {
+        let kept = &self.kept;
+        // Through the `dyn` (see `run::process`).
+        let stored = (*self.store)
+            .complete(&kept.scope, &kept.key, kept.lease, response)
+            .await;
+        self.completed(stored, attempt)
+    }
+
+    /// What a store's answer to attempt `attempt` means; `Err` if the
+    /// store failed, saying whether trying again may help.
+    fn completed(
+        &self,
+        stored: Result<bool, StoreError>,
+        attempt: u32,
+    ) -> Result<Settled, Retryable> {
+        let kept = &self.kept;
+        match stored {
+            Ok(true) => Ok(Settled::Stored),
+            // The handler stored its response in its own transaction.
+            Ok(false) if kept.completed_in_tx() => Ok(Settled::Stored),
+            Ok(false) => Ok(Settled::Lost),
+            Err(err) => {
+                tracing::warn!(error = %err, key = kept.key, attempt, "storing an idempotent response failed");
+                Err(Retryable(err.is_transient()))
+            }
+        }
+    }
+
+    /// The attempts after a failed first one, with a growing pause, for
+    /// up to the layer's `completion_patience`.
+    async fn complete_retrying(&self, response: &StoredResponse) -> Option<Settled> {
+        // `None`: a patience past what an `Instant` holds, never give up.
+        let give_up = tokio::time::Instant::now().checked_add(self.config.completion_patience);
+        let mut pause = COMPLETE_BACKOFF;
+        let mut attempt = 1;
+        while give_up.is_none_or(|at| tokio::time::Instant::now() + pause <= at) {
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2).min(COMPLETE_BACKOFF_CAP);
+            attempt += 1;
+            match self.try_complete(response, attempt).await {
+                Ok(done) => return Some(done),
+                Err(Retryable(false)) => return None,
+                Err(Retryable(true)) => {}
+            }
+        }
+        None
+    }
+
+    /// Completes the key with the "response not retained" marker and
+    /// returns it. If even that fails the key stays in progress until its
+    /// lock times out, after which a retry runs the handler again: logged
+    /// as an error.
+    ///
+    /// Boxed: a rare path, whose future would otherwise be held inline by
+    /// every request's.
+    pub(super) fn leave_marker<'a>(
+        &'a self,
+        detail: &'a str,
+    ) -> Pin<Box<dyn Future<Output = StoredResponse> + Send + 'a>> {
+        Box::pin(async move {
+            tracing::error!(
+                key = self.kept.key,
+                detail,
+                "idempotent response not retained"
+            );
+            let marker = marker(detail);
+            if self.complete(|| marker.clone()).await.is_none() {
+                tracing::error!(
+                    key = self.kept.key,
+                    "storing the not-retained marker failed; the key frees after the lock timeout"
+                );
+            }
+            marker
+        })
+    }
+
+    /// Frees the key: the handler did no work.
+    pub(super) async fn release(&self) {
+        if let Err(err) = (*self.store)
+            .release(&self.kept.scope, &self.kept.key, self.kept.lease)
+            .await
+        {
+            tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
+        }
+    }
+}
