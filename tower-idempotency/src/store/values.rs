@@ -1,0 +1,166 @@
+//! The values a store exchanges with the layer: the request's
+//! [`Fingerprint`], the [`LeaseToken`] of a claim, the claim's request and
+//! outcome, and the [`StoredResponse`] replayed to retries.
+//!
+//! Below the store trait (`store/mod.rs`); uses only the store's error.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::error::StoreError;
+
+/// SHA-256 digest identifying the content of a request (method, path and
+/// query, selected headers, body).
+///
+/// Two requests with the same idempotency key must carry the same fingerprint;
+/// otherwise the second one is rejected with `422 Unprocessable Content`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// The digest as 32 raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Builds a fingerprint from a byte slice; `None` unless it is 32 bytes long.
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        let array: [u8; 32] = bytes.try_into().ok()?;
+        Some(Self(array))
+    }
+
+    /// Lower-case hexadecimal representation (64 characters).
+    pub fn to_hex(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::with_capacity(64);
+        for b in self.0 {
+            // Writing into a String never fails.
+            let _ = write!(out, "{b:02x}");
+        }
+        out
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", self.to_hex())
+    }
+}
+
+/// Opaque token proving ownership of an in-progress claim.
+///
+/// Only the holder of the current lease may complete or release the claim; a
+/// claim taken over after the lock timeout gets a fresh token, so the stale
+/// owner's later `complete`/`release` calls become no-ops.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseToken(pub uuid::Uuid);
+
+impl LeaseToken {
+    /// A fresh random token.
+    pub fn new_random() -> Self {
+        Self(uuid::Uuid::new_v4())
+    }
+}
+
+impl fmt::Debug for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LeaseToken({})", self.0)
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A final response as persisted by a store and replayed to retries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Selected response headers (name in lower case, value as text), in order.
+    pub headers: Vec<(String, String)>,
+    /// The complete response body.
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Creates a stored response.
+    pub fn new(status: u16, headers: Vec<(String, String)>, body: impl Into<Bytes>) -> Self {
+        Self {
+            status,
+            headers,
+            body: body.into(),
+        }
+    }
+
+    /// A response with a JSON body and `content-type: application/json`.
+    ///
+    /// Handy for handlers that complete their key inside their own database
+    /// transaction (see `PostgresStore::complete_in_tx`).
+    pub fn json(status: u16, body: impl Into<Bytes>) -> Self {
+        Self::new(
+            status,
+            vec![("content-type".to_owned(), "application/json".to_owned())],
+            body,
+        )
+    }
+}
+
+/// Parameters of one claim attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimRequest<'a> {
+    /// Caller identity the key is scoped to (tenant, API key id, ...).
+    pub scope: &'a str,
+    /// The idempotency key as sent by the client (unquoted).
+    pub key: &'a str,
+    /// Fingerprint of the request.
+    pub fingerprint: Fingerprint,
+    /// An in-progress claim whose lock is older than this may be taken over by
+    /// a request with the same fingerprint.
+    pub lock_timeout: Duration,
+    /// How long the record lives (from creation or takeover) before it expires.
+    pub ttl: Duration,
+}
+
+/// Result of [`IdempotencyStore::claim`](super::IdempotencyStore::claim).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key was free (new, expired, or taken over after the lock timeout):
+    /// the caller owns it now and must `complete` or `release` it.
+    Claimed(LeaseToken),
+    /// Another request holds the key and its lock has not timed out.
+    InProgress {
+        /// Whether the stored fingerprint equals the claimed one.
+        fingerprint_matches: bool,
+    },
+    /// The key has a stored final response.
+    Completed {
+        /// The response to replay.
+        response: StoredResponse,
+        /// Whether the stored fingerprint equals the claimed one.
+        fingerprint_matches: bool,
+    },
+}
+
+/// Longest scope or key a store accepts, in bytes. The layer stores a
+/// 64-character digest as the scope and keys of at most 255 characters; the
+/// limit protects stores used directly.
+pub const MAX_STORED_ID_LEN: usize = 512;
+
+/// Refuses a scope or key longer than [`MAX_STORED_ID_LEN`], with a
+/// permanent error (retrying cannot help).
+pub(crate) fn check_ids(scope: &str, key: &str) -> Result<(), StoreError> {
+    for (what, value) in [("scope", scope), ("key", key)] {
+        if value.len() > MAX_STORED_ID_LEN {
+            return Err(StoreError::msg(format!(
+                "the {what} is {} bytes long; stores accept at most {MAX_STORED_ID_LEN}",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
+}
