@@ -1,0 +1,249 @@
+//! The records of a [`MemoryStore`](super::MemoryStore) and the table
+//! that finds them: one record per `(scope, key)`, each scope's count and
+//! the order its completed records are evicted in, the sweep of expired
+//! records. Knows nothing of the store's bounds or of the store trait's
+//! calls; uses only the store's value types.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use hashbrown::HashTable;
+
+use crate::store::{ClaimOutcome, Fingerprint, LeaseToken, StoredResponse};
+
+/// Far enough in the future to mean "never" for a record's expiry.
+const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A record's identity: `scope` and `key` in one string (the record keeps
+/// its scope beside it, so that no two pairs coincide). Shared (not
+/// copied) by the table and the eviction order.
+type MapKey = Arc<str>;
+
+/// The keyed hash of `(scope, key)`, over the pieces themselves: a lookup
+/// copies neither into a buffer first.
+fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write_usize(scope.len());
+    state.write(scope.as_bytes());
+    state.write(key.as_bytes());
+    state.finish()
+}
+
+#[derive(Debug)]
+pub(super) enum State {
+    InProgress {
+        lease: LeaseToken,
+        locked_at: SystemTime,
+        /// When a claim first found this lease stale (and no extension came
+        /// since): a takeover waits a lock timeout after it.
+        stale_seen: Option<SystemTime>,
+        /// The record's time to live, renewed by each extension.
+        ttl: Duration,
+    },
+    /// Completed; `seq` is the record's place in its scope's eviction order.
+    Completed { response: StoredResponse, seq: u64 },
+}
+
+#[derive(Debug)]
+pub(super) struct Record {
+    /// The keyed hash of `id`, computed once: growing the table rehashes
+    /// no string.
+    pub(super) hash: u64,
+    /// Its identity, shared with the eviction order.
+    pub(super) id: MapKey,
+    /// Its scope, shared with the scope's accounting.
+    pub(super) scope: Arc<str>,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) expires_at: SystemTime,
+    pub(super) state: State,
+}
+
+impl Record {
+    /// Whether this is the record of `(scope, key)`.
+    fn is(&self, scope: &str, key: &str) -> bool {
+        self.scope.len() == scope.len()
+            && self
+                .id
+                .split_at_checked(scope.len())
+                .is_some_and(|(s, k)| s == scope && k == key)
+    }
+}
+
+/// What one scope (one caller) holds.
+#[derive(Debug)]
+pub(super) struct ScopeRecords {
+    /// The scope, shared with its records.
+    scope: Arc<str>,
+    /// Its records, in progress or completed.
+    pub(super) count: usize,
+    /// Its completed records (hash and identity), oldest completion first
+    /// (entries may be stale: checked against the record's `seq` before
+    /// use).
+    pub(super) completed: BTreeMap<u64, (u64, MapKey)>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Inner {
+    /// The records, found by the keyed hash of their identity.
+    pub(super) records: HashTable<Record>,
+    /// Per store, random: keys chosen by clients cannot be made to collide.
+    hasher: RandomState,
+    /// Every scope that holds a record.
+    pub(super) scopes: HashMap<Arc<str>, ScopeRecords>,
+    pub(super) next_seq: u64,
+    pub(super) next_sweep: Option<SystemTime>,
+    /// The last sweep made to find room in a full store.
+    pub(super) last_full_sweep: Option<SystemTime>,
+    /// Number of leases handed out: each lease is this store's nonce and a
+    /// number never handed out before.
+    leases: u64,
+    /// Completed records evicted before their expiry.
+    pub(super) evicted: u64,
+    /// Reused buffer for a new record's identity.
+    joined: String,
+}
+
+impl Inner {
+    pub(super) fn sweep(&mut self, now: SystemTime) -> u64 {
+        let before = self.records.len();
+        let Inner {
+            records, scopes, ..
+        } = self;
+        records.retain(|record| {
+            let live = record.expires_at > now;
+            if !live {
+                if let Some(s) = scopes.get_mut(&*record.scope) {
+                    s.count = s.count.saturating_sub(1);
+                }
+            }
+            live
+        });
+        scopes.retain(|_, s| {
+            s.completed.retain(|seq, (hash, id)| {
+                matches!(
+                    records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
+                    Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
+                )
+            });
+            s.count > 0
+        });
+        (before - self.records.len()) as u64
+    }
+
+    /// A lease never handed out by this store before.
+    pub(super) fn new_lease(&mut self, nonce: u64) -> LeaseToken {
+        self.leases += 1;
+        LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
+    }
+
+    /// The hash of `(scope, key)` and its record.
+    pub(super) fn find_mut(&mut self, scope: &str, key: &str) -> (u64, Option<&mut Record>) {
+        let hash = hash_of(&self.hasher, scope, key);
+        (hash, self.records.find_mut(hash, |r| r.is(scope, key)))
+    }
+
+    /// The identity of a new record of `(scope, key)`, and its scope
+    /// (counted as holding one more record).
+    pub(super) fn new_id(&mut self, scope: &str, key: &str) -> (MapKey, Arc<str>) {
+        self.joined.clear();
+        self.joined.push_str(scope);
+        self.joined.push_str(key);
+        // One lookup when the scope holds records already (the common case).
+        let scope = match self.scopes.get_mut(scope) {
+            Some(records) => {
+                records.count += 1;
+                records.scope.clone()
+            }
+            None => {
+                let shared: Arc<str> = Arc::from(scope);
+                self.scopes.insert(
+                    shared.clone(),
+                    ScopeRecords {
+                        scope: shared.clone(),
+                        count: 1,
+                        completed: BTreeMap::new(),
+                    },
+                );
+                shared
+            }
+        };
+        (Arc::from(self.joined.as_str()), scope)
+    }
+
+    /// Counts a removed record out of its scope.
+    fn forget(&mut self, record: &Record) {
+        if let Some(s) = self.scopes.get_mut(&*record.scope) {
+            s.count = s.count.saturating_sub(1);
+            if s.count == 0 {
+                self.scopes.remove(&*record.scope);
+            }
+        }
+    }
+
+    /// Removes the record of `(scope, key)` if `remove` says so.
+    pub(super) fn remove_if(
+        &mut self,
+        scope: &str,
+        key: &str,
+        remove: impl FnOnce(&Record) -> bool,
+    ) -> bool {
+        let hash = hash_of(&self.hasher, scope, key);
+        match self.records.find_entry(hash, |r| r.is(scope, key)) {
+            Ok(entry) if remove(entry.get()) => {
+                let (record, _) = entry.remove();
+                self.forget(&record);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Removes the oldest completed record of `scope`; `false` if it has
+    /// none. Only completed records: an in-progress one is never evicted.
+    pub(super) fn evict_oldest_completed(&mut self, scope: &str) -> bool {
+        loop {
+            let Some((seq, (hash, id))) = self
+                .scopes
+                .get_mut(scope)
+                .and_then(|s| s.completed.pop_first())
+            else {
+                return false;
+            };
+            if let Ok(entry) = self.records.find_entry(hash, |r| Arc::ptr_eq(&r.id, &id)) {
+                if matches!(entry.get().state, State::Completed { seq: s, .. } if s == seq) {
+                    let (record, _) = entry.remove();
+                    self.forget(&record);
+                    self.evicted += 1;
+                    tracing::warn!(
+                        scope = &*record.scope,
+                        "memory store full: a completed idempotency key was evicted before its \
+                         expiry (a retry of it would run again)"
+                    );
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn later(now: SystemTime, by: Duration) -> SystemTime {
+    now.checked_add(by.min(FAR_FUTURE))
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
+/// What a claim that does not win says of a live record.
+pub(super) fn outcome_of(record: &Record, fingerprint: Fingerprint) -> ClaimOutcome {
+    let fingerprint_matches = record.fingerprint == fingerprint;
+    match &record.state {
+        State::Completed { response, .. } => ClaimOutcome::Completed {
+            response: response.clone(),
+            fingerprint_matches,
+        },
+        State::InProgress { .. } => ClaimOutcome::InProgress {
+            fingerprint_matches,
+        },
+    }
+}

@@ -1,0 +1,223 @@
+//! The [`IdempotencyStore`] calls of a [`MemoryStore`]: claim (with the
+//! takeover of a stale lease), lookup, complete, extend, release, sweep.
+//! Above the store (`memory/mod.rs`) and its records (`map.rs`).
+
+use async_trait::async_trait;
+
+use crate::store::{
+    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
+    StoredResponse,
+};
+
+use super::map::{later, outcome_of, Record, State};
+use super::MemoryStore;
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        check_ids(req.scope, req.key)?;
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        self.maybe_sweep(&mut inner, now);
+        let lease = inner.new_lease(self.nonce);
+        let fresh = |hash, id, scope, lease| Record {
+            hash,
+            id,
+            scope,
+            fingerprint: req.fingerprint,
+            expires_at: later(now, req.ttl),
+            state: State::InProgress {
+                lease,
+                locked_at: now,
+                stale_seen: None,
+                ttl: req.ttl,
+            },
+        };
+        let (hash, found) = inner.find_mut(req.scope, req.key);
+        let Some(record) = found else {
+            self.make_room(&mut inner, req.scope, now)?;
+            let (id, scope) = inner.new_id(req.scope, req.key);
+            inner
+                .records
+                .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
+            return Ok(ClaimOutcome::Claimed(lease));
+        };
+        if record.expires_at <= now {
+            *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
+            return Ok(ClaimOutcome::Claimed(lease));
+        }
+        let fingerprint_matches = record.fingerprint == req.fingerprint;
+        if let State::InProgress {
+            locked_at,
+            stale_seen,
+            ..
+        } = &mut record.state
+        {
+            if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now {
+                match *stale_seen {
+                    // Seen stale a lock timeout ago, and not extended since:
+                    // its owner is gone.
+                    Some(seen) if seen > *locked_at && later(seen, req.lock_timeout) <= now => {
+                        *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
+                        return Ok(ClaimOutcome::Claimed(lease));
+                    }
+                    Some(seen) if seen > *locked_at => {}
+                    // First seen stale: its owner gets a lock timeout to
+                    // come back (from an outage of the store, say).
+                    _ => *stale_seen = Some(now),
+                }
+            }
+        }
+        Ok(outcome_of(record, req.fingerprint))
+    }
+
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        Ok(match inner.find_mut(scope, key).1 {
+            Some(record) if record.expires_at > now => Some(outcome_of(record, fingerprint)),
+            _ => None,
+        })
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        Ok(self.keep_response(scope, key, lease, || response.clone()))
+    }
+
+    async fn complete_owned(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: StoredResponse,
+    ) -> Result<bool, StoreError> {
+        Ok(self.keep_response(scope, key, lease, || response))
+    }
+
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        match inner.find_mut(scope, key).1 {
+            Some(Record {
+                state:
+                    State::InProgress {
+                        lease: l,
+                        locked_at,
+                        ttl,
+                        ..
+                    },
+                expires_at,
+                ..
+            }) if *l == lease => {
+                *locked_at = now;
+                // A live handler's record does not expire under it.
+                *expires_at = (*expires_at).max(later(now, *ttl));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
+        let released = self.lock().remove_if(
+            scope,
+            key,
+            |record| matches!(record.state, State::InProgress { lease: l, .. } if l == lease),
+        );
+        Ok(released)
+    }
+
+    async fn sweep_expired(&self) -> Result<u64, StoreError> {
+        let now = self.clock.now();
+        Ok(self.lock().sweep(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn request<'a>(scope: &'a str, key: &'a str) -> ClaimRequest<'a> {
+        ClaimRequest {
+            scope,
+            key,
+            fingerprint: Fingerprint([0; 32]),
+            lock_timeout: Duration::from_secs(5),
+            ttl: Duration::from_secs(60),
+        }
+    }
+
+    /// Moving characters between scope and key never yields the same
+    /// record, even when the two concatenate to the same text.
+    #[tokio::test]
+    async fn pairs_that_concatenate_alike_are_different_records() {
+        let store = MemoryStore::new();
+        let long = "x".repeat(300);
+        let pairs = [
+            ("ab", "c"),
+            ("a", "bc"),
+            ("", "abc"),
+            ("abc", ""),
+            ("1:a", "b"),
+            ("1", ":ab"),
+            (long.as_str(), ""),
+            ("x", &long[1..]),
+        ];
+        for (scope, key) in pairs {
+            let claimed = store.claim(request(scope, key)).await.unwrap();
+            assert!(
+                matches!(claimed, ClaimOutcome::Claimed(_)),
+                "{scope:?}/{key:?} found another pair's record: {claimed:?}"
+            );
+        }
+        assert_eq!(store.len(), pairs.len());
+        // The same pair is the same record.
+        let again = store.claim(request("a", "bc")).await.unwrap();
+        assert!(
+            matches!(again, ClaimOutcome::InProgress { .. }),
+            "{again:?}"
+        );
+    }
+
+    /// Leases are never handed out twice by a store, and two stores hand
+    /// out different ones.
+    #[tokio::test]
+    async fn leases_are_unique() {
+        let claim = |store: &MemoryStore, key: &'static str| {
+            let store = store.clone();
+            async move {
+                match store.claim(request("s", key)).await.unwrap() {
+                    ClaimOutcome::Claimed(lease) => lease,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let (a, b) = (MemoryStore::new(), MemoryStore::new());
+        let leases = [
+            claim(&a, "1").await,
+            claim(&a, "2").await,
+            claim(&b, "1").await,
+        ];
+        assert_ne!(leases[0], leases[1]);
+        assert_ne!(leases[0], leases[2]);
+        assert_ne!(leases[1], leases[2]);
+    }
+}
