@@ -1,0 +1,210 @@
+//! One key's row, on a connection the caller chooses (a pooled one, or
+//! the transaction of the transactional mode, or the handler's own): claim
+//! it (and take over a lease seen stale for a lock timeout), mark a stale
+//! lease, read it, complete it.
+
+use bytes::Bytes;
+use sqlx::{PgConnection, Postgres, Row, Transaction};
+
+use crate::context::IdempotencyContext;
+use crate::store::{
+    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoreError, StoredResponse,
+};
+
+use super::error::db_err;
+use super::sql::interval_secs;
+use super::PostgresStore;
+
+fn headers_json(headers: &[(String, String)]) -> Result<String, StoreError> {
+    serde_json::to_string(headers).map_err(|e| StoreError::with_source("encoding headers", e))
+}
+
+impl PostgresStore {
+    /// Completes the key described by `ctx` inside the caller's transaction.
+    ///
+    /// Use this from a handler that writes its own effects (say, a payment
+    /// row) in `tx`: the effect and the stored response then commit or roll
+    /// back together, so a crash can never leave an effect without a
+    /// replayable response. After the handler returns, the layer notices that
+    /// the key is already completed and does not store the response again.
+    /// Returns `Ok(false)` if the lease is no longer current (the claim was
+    /// taken over after the lock timeout); the handler should then roll back.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: tower_idempotency::PostgresStore, ctx: tower_idempotency::IdempotencyContext) -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_idempotency::StoredResponse;
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO payments (account, amount) VALUES ('a', 1)").execute(&mut *tx).await?;
+    /// let response = StoredResponse::json(201, r#"{"ok":true}"#);
+    /// if store.complete_in_tx(&mut tx, &ctx, &response).await? {
+    ///     tx.commit().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn complete_in_tx(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        ctx: &IdempotencyContext,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let completed = self
+            .complete_on(tx, ctx.scope(), ctx.key(), ctx.lease(), response)
+            .await?;
+        if completed {
+            ctx.note_completed();
+        }
+        Ok(completed)
+    }
+
+    /// Claims on `conn` (a pooled connection, or the transaction of the
+    /// transactional mode, where the claim commits with the handler's
+    /// writes). A claim that loses the insert race and then finds the row
+    /// gone (it was released in between) tries again; a few rounds suffice.
+    ///
+    /// Does not mark a stale lease: `true` beside the outcome says the
+    /// caller must, with [`PostgresStore::mark_stale`], on a connection
+    /// whose work commits (never inside a transaction about to be rolled
+    /// back, where the mark would vanish with it).
+    pub(crate) async fn claim_on(
+        &self,
+        conn: &mut PgConnection,
+        req: ClaimRequest<'_>,
+    ) -> Result<(ClaimOutcome, bool), StoreError> {
+        check_ids(req.scope, req.key)?;
+        self.maybe_sweep();
+        for _ in 0..8 {
+            let lease = LeaseToken::new_random();
+            let claimed = sqlx::query(&self.queries.claim)
+                .bind(req.scope)
+                .bind(req.key)
+                .bind(req.fingerprint.as_bytes().as_slice())
+                .bind(interval_secs(req.ttl))
+                .bind(lease.0.to_string())
+                .bind(interval_secs(req.lock_timeout))
+                .fetch_optional(&mut *conn)
+                .await;
+            let claimed = match claimed {
+                // The transactional mode waits on a row an open transaction
+                // holds for at most its `lock_timeout`: that request is in
+                // progress.
+                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                    let busy = ClaimOutcome::InProgress {
+                        fingerprint_matches: true,
+                    };
+                    return Ok((busy, false));
+                }
+                other => other.map_err(db_err("claiming idempotency key"))?,
+            };
+            if claimed.is_some() {
+                return Ok((ClaimOutcome::Claimed(lease), false));
+            }
+            let Some(outcome) = self
+                .read_on(conn, req.scope, req.key, req.fingerprint)
+                .await?
+            else {
+                continue;
+            };
+            let mark = matches!(
+                outcome,
+                ClaimOutcome::InProgress {
+                    fingerprint_matches: true
+                }
+            );
+            return Ok((outcome, mark));
+        }
+        Err(StoreError::msg(
+            "claiming idempotency key: the row kept changing, giving up",
+        ))
+    }
+
+    /// Marks the lease of `req`'s key as seen stale if it is stale and not
+    /// marked since its last extension: its owner gets a lock timeout to
+    /// come back before a takeover. On `conn`, or on the pool.
+    pub(crate) async fn mark_stale(
+        &self,
+        conn: Option<&mut PgConnection>,
+        req: ClaimRequest<'_>,
+    ) -> Result<(), StoreError> {
+        let mark = sqlx::query(&self.queries.mark_stale)
+            .bind(req.scope)
+            .bind(req.key)
+            .bind(req.fingerprint.as_bytes().as_slice())
+            .bind(interval_secs(req.lock_timeout));
+        match conn {
+            Some(conn) => mark.execute(conn).await,
+            None => mark.execute(&self.pool).await,
+        }
+        .map_err(db_err("marking a stale idempotency lease"))?;
+        Ok(())
+    }
+
+    /// The live record of `(scope, key)` on `conn`, as a claim that did not
+    /// win sees it.
+    pub(super) async fn read_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let row = sqlx::query(&self.queries.select)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db_err("reading idempotency key"))?;
+        let Some(row) = row else { return Ok(None) };
+        let fp: Vec<u8> = row
+            .try_get("request_fingerprint")
+            .map_err(db_err("decode"))?;
+        let fingerprint_matches = Fingerprint::from_slice(&fp) == Some(fingerprint);
+        let status: String = row.try_get("status").map_err(db_err("decode"))?;
+        if status != "completed" {
+            return Ok(Some(ClaimOutcome::InProgress {
+                fingerprint_matches,
+            }));
+        }
+        let code: Option<i16> = row.try_get("response_code").map_err(db_err("decode"))?;
+        let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
+        let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
+        let headers: Vec<(String, String)> = match headers {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| StoreError::with_source("decoding stored headers", e))?,
+            None => Vec::new(),
+        };
+        let status = code
+            .and_then(|c| u16::try_from(c).ok())
+            .ok_or_else(|| StoreError::msg("completed key without a valid response code"))?;
+        Ok(Some(ClaimOutcome::Completed {
+            response: StoredResponse {
+                status,
+                headers,
+                body: Bytes::from(body.unwrap_or_default()),
+            },
+            fingerprint_matches,
+        }))
+    }
+
+    pub(crate) async fn complete_on(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let status = i16::try_from(response.status)
+            .map_err(|_| StoreError::msg("status code out of range"))?;
+        let result = sqlx::query(&self.queries.complete)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .bind(status)
+            .bind(headers_json(&response.headers)?)
+            .bind(response.body.as_ref())
+            .execute(conn)
+            .await
+            .map_err(db_err("completing idempotency key"))?;
+        Ok(result.rows_affected() == 1)
+    }
+}

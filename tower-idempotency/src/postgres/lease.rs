@@ -1,0 +1,71 @@
+//! Keeping leases alive: the small pool of its own that extends them,
+//! each extension bounded in time (see [`PostgresStore::new`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::PgPool;
+
+use crate::store::{LeaseToken, StoreError};
+
+use super::error::db_err;
+use super::{LeasePool, PostgresStore};
+
+/// Connections of the pool that extends leases (see
+/// [`PostgresStore::new`]).
+const LEASE_POOL_SIZE: u32 = 2;
+
+/// How long one lease extension may take on one pool, connecting
+/// included, before it counts as failed. Short: after an outage the
+/// heartbeat must be back well within a lock timeout of a retry marking
+/// the lease stale (two tries, then the next tick a third of a lock
+/// timeout later: under 4 s with the defaults, against 5 s).
+const LEASE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl PostgresStore {
+    /// The pool for lease extensions (see [`PostgresStore::new`]), with the
+    /// main pool's current connect options.
+    pub(super) fn lease_pool(&self) -> &PgPool {
+        let current = self.pool.connect_options();
+        let lease = self.shared.lease_pool.get_or_init(|| LeasePool {
+            pool: self
+                .pool
+                .options()
+                .clone()
+                .max_connections(LEASE_POOL_SIZE)
+                .min_connections(0)
+                .acquire_timeout(LEASE_CALL_TIMEOUT)
+                .connect_lazy_with((*current).clone()),
+            options: std::sync::Mutex::new(current.clone()),
+        });
+        let mut options = lease.options.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&options, &current) {
+            lease.pool.set_connect_options((*current).clone());
+            *options = current;
+        }
+        &lease.pool
+    }
+
+    /// One extension on `pool`, bounded to [`LEASE_CALL_TIMEOUT`].
+    pub(super) async fn extend_on(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        let extend = sqlx::query(&self.queries.extend)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .execute(pool);
+        let Ok(result) = tokio::time::timeout(LEASE_CALL_TIMEOUT, extend).await else {
+            let err = StoreError::msg(format!(
+                "extending the lease of an idempotency key: no answer within {LEASE_CALL_TIMEOUT:?}"
+            ));
+            return Err(err.transient());
+        };
+        let done = result.map_err(db_err("extending the lease of an idempotency key"))?;
+        Ok(done.rows_affected() == 1)
+    }
+}

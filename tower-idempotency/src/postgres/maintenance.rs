@@ -1,0 +1,74 @@
+//! Keeping the table: creating it ([`PostgresStore::migrate`]) and
+//! sweeping its expired rows, in bounded batches, from a short task a claim
+//! starts at most once per `sweep_every`.
+
+use crate::store::{IdempotencyStore, StoreError};
+
+use super::error::db_err;
+use super::sql::MIGRATION_SQL;
+use super::PostgresStore;
+
+/// Rows deleted per sweeping statement.
+pub(super) const SWEEP_BATCH: i64 = 5_000;
+
+impl PostgresStore {
+    /// Starts a sweep in a task of its own if one is due.
+    pub(super) fn maybe_sweep(&self) {
+        let Some(every) = self.shared.sweep_every else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        {
+            let mut next = self
+                .shared
+                .next_sweep
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match *next {
+                // Not due; or never again (the interval overflowed).
+                Some(at) if at > now => return,
+                None => return,
+                // An interval past what an `Instant` holds means never again.
+                Some(_) => *next = now.checked_add(every),
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        drop(runtime.spawn(async move {
+            match store.sweep_expired().await {
+                Ok(n) if n > 0 => tracing::debug!(swept = n, "swept expired idempotency keys"),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "sweeping expired idempotency keys failed")
+                }
+            }
+        }));
+    }
+
+    /// Creates the table and index if they do not exist (the SQL of
+    /// `migrations/0001_create_idempotency_keys.sql`, with the table name
+    /// substituted). Safe to call concurrently and repeatedly.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let table = &self.queries.table;
+        let index_table = table.replace('.', "_");
+        let sql = MIGRATION_SQL
+            .replace(
+                "idempotency_keys_expires_at_idx",
+                &format!("{index_table}_expires_at_idx"),
+            )
+            .replace("idempotency_keys", table);
+        let mut tx = self.pool.begin().await.map_err(db_err("migrate: begin"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_migrate'))")
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err("migrate: advisory lock"))?;
+        sqlx::raw_sql(&sql)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err("migrate: create table"))?;
+        tx.commit().await.map_err(db_err("migrate: commit"))?;
+        Ok(())
+    }
+}

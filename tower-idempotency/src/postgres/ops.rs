@@ -1,0 +1,109 @@
+//! The [`IdempotencyStore`] calls of a [`PostgresStore`], each on a
+//! connection of the pool (lease extensions on the lease pool first).
+
+use async_trait::async_trait;
+
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
+    StoredResponse,
+};
+
+use super::error::db_err;
+use super::maintenance::SWEEP_BATCH;
+use super::PostgresStore;
+
+#[async_trait]
+impl IdempotencyStore for PostgresStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(db_err("acquiring a connection"))?;
+        let (outcome, mark) = self.claim_on(&mut conn, req).await?;
+        if mark {
+            self.mark_stale(Some(&mut conn), req).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn lookup(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(db_err("acquiring a connection"))?;
+        self.read_on(&mut conn, scope, key, fingerprint).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(db_err("acquiring a connection"))?;
+        self.complete_on(&mut conn, scope, key, lease, response)
+            .await
+    }
+
+    async fn extend_lease(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+    ) -> Result<bool, StoreError> {
+        // On the lease pool, then on the main pool if the lease pool could
+        // not: see `PostgresStore::new`.
+        // (sqlx reports a connection the server refused, for want of a
+        // slot say, as a pool timeout, like an unreachable server: either
+        // way the main pool gets one bounded try.)
+        match self.extend_on(self.lease_pool(), scope, key, lease).await {
+            Ok(extended) => Ok(extended),
+            Err(err) => {
+                tracing::debug!(error = %err, "the lease pool failed; extending on the main pool");
+                self.extend_on(&self.pool, scope, key, lease).await
+            }
+        }
+    }
+
+    async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
+        let result = sqlx::query(&self.queries.release)
+            .bind(scope)
+            .bind(key)
+            .bind(lease.0.to_string())
+            .execute(&self.pool)
+            .await
+            .map_err(db_err("releasing idempotency key"))?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    async fn sweep_expired(&self) -> Result<u64, StoreError> {
+        // In batches, each a short statement of its own: a table with a
+        // million expired rows shrinks batch by batch, within any
+        // `statement_timeout`, and never holds one long lock.
+        let mut swept = 0;
+        loop {
+            let batch = sqlx::query(&self.queries.sweep)
+                .bind(SWEEP_BATCH)
+                .execute(&self.pool)
+                .await
+                .map_err(db_err("sweeping expired idempotency keys"))?
+                .rows_affected();
+            swept += batch;
+            if batch < SWEEP_BATCH as u64 {
+                return Ok(swept);
+            }
+        }
+    }
+}

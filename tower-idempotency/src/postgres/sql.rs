@@ -1,0 +1,98 @@
+//! The SQL the store runs: the crate's migrations, and every statement on
+//! the table, with the table's name in it. Plain text: uses nothing of the
+//! crate.
+
+use std::time::Duration;
+
+/// The SQL of the crate's migrations, in order, for the default table
+/// `idempotency_keys`.
+pub const MIGRATION_SQL: &str = concat!(
+    include_str!("../../migrations/0001_create_idempotency_keys.sql"),
+    include_str!("../../migrations/0002_lease_fencing.sql"),
+);
+
+pub(super) const DEFAULT_TABLE: &str = "idempotency_keys";
+
+/// Durations are bound as seconds; longer ones mean "never" and are capped
+/// here so that `now() + interval` cannot overflow.
+const MAX_INTERVAL_SECS: f64 = 100.0 * 365.0 * 24.0 * 3600.0;
+
+pub(super) fn interval_secs(d: Duration) -> f64 {
+    d.as_secs_f64().min(MAX_INTERVAL_SECS)
+}
+
+#[derive(Debug)]
+pub(super) struct Queries {
+    pub(super) table: String,
+    pub(super) claim: String,
+    pub(super) select: String,
+    pub(super) mark_stale: String,
+    pub(super) complete: String,
+    pub(super) extend: String,
+    pub(super) release: String,
+    pub(super) sweep: String,
+}
+
+impl Queries {
+    pub(super) fn new(t: &str) -> Self {
+        Self {
+            table: t.to_owned(),
+            // $4: ttl in seconds, $5: lease, $6: lock timeout in seconds.
+            claim: format!(
+                "INSERT INTO {t} AS t (scope, key, request_fingerprint, status, created_at, \
+                 locked_at, lock_token, expires_at, ttl) \
+                 VALUES ($1, $2, $3, 'in_progress', now(), now(), $5::uuid, \
+                 now() + make_interval(secs => $4::float8), make_interval(secs => $4::float8)) \
+                 ON CONFLICT (scope, key) DO UPDATE SET \
+                 request_fingerprint = EXCLUDED.request_fingerprint, status = 'in_progress', \
+                 response_code = NULL, headers = NULL, body = NULL, \
+                 created_at = EXCLUDED.created_at, locked_at = EXCLUDED.locked_at, \
+                 lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at, \
+                 ttl = EXCLUDED.ttl, stale_seen_at = NULL \
+                 WHERE t.expires_at <= now() \
+                 OR (t.status = 'in_progress' \
+                     AND t.request_fingerprint = EXCLUDED.request_fingerprint \
+                     AND t.locked_at <= now() - make_interval(secs => $6::float8) \
+                     AND t.stale_seen_at > t.locked_at \
+                     AND t.stale_seen_at <= now() - make_interval(secs => $6::float8)) \
+                 RETURNING lock_token::text"
+            ),
+            select: format!(
+                "SELECT request_fingerprint, status, response_code, headers::text AS headers, body \
+                 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > now()"
+            ),
+            // First sight of a stale lease ($3: its fingerprint, $4: the
+            // lock timeout in seconds): a takeover waits a lock timeout
+            // after it.
+            mark_stale: format!(
+                "UPDATE {t} SET stale_seen_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND request_fingerprint = $3 \
+                 AND locked_at <= now() - make_interval(secs => $4::float8) \
+                 AND (stale_seen_at IS NULL OR stale_seen_at <= locked_at)"
+            ),
+            complete: format!(
+                "UPDATE {t} SET status = 'completed', response_code = $4, headers = $5::jsonb, \
+                 body = $6, locked_at = NULL, lock_token = NULL \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND lock_token = $3::uuid"
+            ),
+            extend: format!(
+                "UPDATE {t} SET locked_at = now(), \
+                 expires_at = GREATEST(expires_at, now() + ttl) \
+                 WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND lock_token = $3::uuid"
+            ),
+            release: format!(
+                "DELETE FROM {t} WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
+                 AND lock_token = $3::uuid"
+            ),
+            // One bounded batch ($1 rows); replicas sweeping at once skip
+            // each other's rows instead of waiting on them.
+            sweep: format!(
+                "DELETE FROM {t} WHERE ctid IN (SELECT ctid FROM {t} WHERE expires_at <= now() \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)"
+            ),
+        }
+    }
+}
