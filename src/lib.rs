@@ -116,53 +116,45 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
-mod admission;
-mod backoff;
+// The floors, bottom up: each uses only the floors below it (each
+// folder's `mod.rs` says which), and none reaches back up.
 mod builder;
-mod classify;
+mod decisions;
 mod engine;
-mod error;
-mod give_up;
-mod hedge;
-mod idempotency;
-mod inbound;
-mod keygen;
-mod metrics;
-mod middleware;
-mod options;
-mod policy;
-mod propagation;
-pub mod rate_limit;
-mod report;
-pub mod retry_after;
-mod runtime;
-mod safety;
+mod http;
+mod signals;
+mod vocabulary;
 
 pub use reqwest;
 pub use reqwest_middleware;
 
+// The vocabulary: partitions, keys, the report, errors.
+pub use vocabulary::{
+    is_idempotent, ConfigError, IdempotencyKey, KeyError, KeyFormat, KeyGenerator, Partition,
+    ReportSlot, RetryReport, RetryReportExt, StopReason, MAX_KEY_LEN,
+};
+// What the server said.
+pub use signals::{
+    classify_error, classify_status, rate_limit, retry_after, Class, Classifier, DefaultClassifier,
+    HttpAttempt,
+};
+// The decisions.
+pub use decisions::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Backoff,
+    CircuitBreakerConfig, Grant, GrantSource, HedgeConfig, Jitter, NoAdmission, RetryAdmission,
+    RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+};
+// The engine.
 #[cfg(feature = "metrics")]
-pub use crate::metrics::{describe_metrics, names as metric_names};
-pub use crate::metrics::{Metrics, MetricsSnapshot};
-pub use admission::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
-    CircuitBreakerConfig, Grant, GrantSource, NoAdmission, Partition, RetryAdmission, RetryKind,
-    RetryRequest, TokenBucket, TokenBucketConfig,
+pub use engine::{describe_metrics, names as metric_names};
+pub use engine::{
+    retry, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline, ManualClock, Metrics,
+    MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper, SystemClock, TokioSleeper,
 };
-pub use backoff::{Backoff, Jitter};
+// HTTP.
+pub use http::{
+    GiveUp, InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer, RetryError,
+    RetryMiddleware, DEFAULT_DEADLINE_HEADER, DEFAULT_VERDICT_HEADER,
+};
+// The builder, on top.
 pub use builder::RetryPolicyBuilder;
-pub use classify::{
-    classify_error, classify_status, Class, Classifier, DefaultClassifier, HttpAttempt,
-};
-pub use engine::{retry, retry_in, AttemptContext, Outcome};
-pub use error::{ConfigError, KeyError, RetryError};
-pub use give_up::{GiveUp, DEFAULT_VERDICT_HEADER};
-pub use hedge::HedgeConfig;
-pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
-pub use inbound::{InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer};
-pub use middleware::RetryMiddleware;
-pub use options::RequestOptions;
-pub use policy::RetryPolicy;
-pub use propagation::{InheritedDeadline, DEFAULT_DEADLINE_HEADER};
-pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
-pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

@@ -1,0 +1,391 @@
+//! The builder: every knob of a [`crate::RetryPolicy`], validated in `build()`,
+//! and the presets. It stands on top of every floor, as the one place that
+//! chooses the admission, the classifiers, the clock and the headers a
+//! policy is built with.
+//!
+//! May use: `vocabulary`, `signals`, `decisions`, `engine`, `http`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{Jitter, RetryPolicy};
+//!
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(4)
+//!     .backoff(Duration::from_millis(50), Duration::from_secs(2))
+//!     .jitter(Jitter::Equal)
+//!     .deadline(Duration::from_secs(10))
+//!     .attempt_timeout(Duration::from_secs(3))
+//!     .seed(42) // deterministic delays, for tests
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(policy.max_attempts(), 4);
+//! ```
+//!
+//! A policy is cheap to clone, and clones share what must be shared: the
+//! retry admission, the random source, the clock, the sleeper and the
+//! counters. Build a second policy to get a second admission.
+
+mod build;
+mod presets;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+use crate::decisions::{
+    AdaptiveConfig, CircuitBreakerConfig, HedgeConfig, Jitter, RetryAdmission, TokenBucketConfig,
+};
+use crate::engine::{Clock, ManualClock, Rng, Sleeper, SystemClock, TokioSleeper};
+use crate::http::DEFAULT_DEADLINE_HEADER;
+use crate::signals::Classifier;
+use crate::vocabulary::{ConfigError, KeyFormat, KeyGenerator};
+
+/// Which retry admission a built policy gets.
+#[derive(Debug)]
+enum AdmissionChoice {
+    Adaptive(AdaptiveConfig),
+    TokenBucket(TokenBucketConfig),
+    Shared(Arc<dyn RetryAdmission>),
+    None,
+}
+
+/// Builds a [`crate::RetryPolicy`]; a bad setting is kept and reported by
+/// [`RetryPolicyBuilder::build`].
+#[must_use]
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    base: Duration,
+    cap: Duration,
+    multiplier: f64,
+    jitter: Jitter,
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+    min_attempt_timeout: Option<Duration>,
+    min_attempt_window: Duration,
+    max_retry_after: Duration,
+    key_header: Result<HeaderName, ConfigError>,
+    key_methods: Vec<Method>,
+    key_generator: KeyGenerator,
+    key_format: KeyFormat,
+    verdict_header: Result<Option<HeaderName>, ConfigError>,
+    deadline_header: Result<Option<HeaderName>, ConfigError>,
+    attempt_header: Result<Option<HeaderName>, ConfigError>,
+    throttle_backoff: Option<(Duration, Duration)>,
+    pace_first_attempts: bool,
+    admission: AdmissionChoice,
+    circuit_breaker: Option<CircuitBreakerConfig>,
+    hedge: Option<HedgeConfig>,
+    rng: Option<Rng>,
+    sleeper: Arc<dyn Sleeper>,
+    clock: Arc<dyn Clock>,
+    classifiers: Vec<Arc<dyn Classifier>>,
+}
+
+fn header_name(setting: &'static str, name: &str) -> Result<HeaderName, ConfigError> {
+    HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| ConfigError::named(setting, "not a valid header name"))
+}
+
+impl RetryPolicyBuilder {
+    pub(crate) fn new() -> Self {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            base: Duration::from_millis(100),
+            cap: Duration::from_secs(10),
+            multiplier: 2.0,
+            jitter: Jitter::Full,
+            deadline: Some(Duration::from_secs(30)),
+            attempt_timeout: None,
+            min_attempt_timeout: None,
+            min_attempt_window: Duration::from_millis(100),
+            max_retry_after: Duration::from_secs(60),
+            key_header: Ok(HeaderName::from_static("idempotency-key")),
+            key_methods: vec![Method::POST, Method::PATCH],
+            key_generator: KeyGenerator::UuidV4,
+            key_format: KeyFormat::Bare,
+            verdict_header: Ok(Some(HeaderName::from_static("stripe-should-retry"))),
+            deadline_header: Ok(Some(HeaderName::from_static(DEFAULT_DEADLINE_HEADER))),
+            attempt_header: Ok(None),
+            throttle_backoff: None,
+            pace_first_attempts: true,
+            admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
+            circuit_breaker: None,
+            hedge: None,
+            rng: None,
+            sleeper: Arc::new(TokioSleeper),
+            clock: Arc::new(SystemClock),
+            classifiers: Vec::new(),
+        }
+    }
+
+    /// The most attempts per logical operation, the first included (≥ 1).
+    /// Default 3.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// The first delay's ceiling and the largest ceiling. Default 100 ms and
+    /// 10 s.
+    pub fn backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.base = base;
+        self.cap = cap;
+        self
+    }
+
+    /// Growth per retry (≥ 1). Default 2.
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier;
+        self
+    }
+
+    /// The jitter mode. Default [`Jitter::Full`].
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Total time for one logical operation, all attempts and sleeps
+    /// included. Default 30 s.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// No total time limit (attempts and the budget still bound the work).
+    pub fn no_deadline(mut self) -> Self {
+        self.deadline = None;
+        self
+    }
+
+    /// Time limit for each attempt; the engine uses `min(this, time left)`.
+    /// Default: none (the time left).
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Give each attempt at least `floor`, and at least the backoff ceiling
+    /// that would follow it: gRPC's connection backoff (`MIN_CONNECT_TIMEOUT`,
+    /// 20 s), so a slow connect is not cut short while the delays grow. The
+    /// time left before the deadline still bounds it. Default: none.
+    pub fn min_attempt_timeout(mut self, floor: Duration) -> Self {
+        self.min_attempt_timeout = Some(floor);
+        self
+    }
+
+    /// The least time that must be left after a sleep for another attempt to
+    /// be worth starting. Default 100 ms.
+    pub fn min_attempt_window(mut self, window: Duration) -> Self {
+        self.min_attempt_window = window;
+        self
+    }
+
+    /// The longest Retry-After obeyed; a longer one ends the operation at
+    /// once. Default 60 s.
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
+    }
+
+    /// The idempotency key header. Default `Idempotency-Key`.
+    pub fn idempotency_header(mut self, name: &str) -> Self {
+        self.key_header = header_name("idempotency_header", name);
+        self
+    }
+
+    /// The methods that get a key when the caller sets none. Default POST
+    /// and PATCH. An empty list attaches no key by default.
+    pub fn idempotency_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.key_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// How keys are made. Default UUID v4.
+    pub fn key_generator(mut self, generator: KeyGenerator) -> Self {
+        self.key_generator = generator;
+        self
+    }
+
+    /// The key's wire form. Default bare.
+    pub fn key_format(mut self, format: KeyFormat) -> Self {
+        self.key_format = format;
+        self
+    }
+
+    /// The header carrying an explicit server verdict (`true` retry, `false`
+    /// do not). Default `Stripe-Should-Retry`.
+    pub fn server_verdict_header(mut self, name: &str) -> Self {
+        self.verdict_header = header_name("server_verdict_header", name).map(Some);
+        self
+    }
+
+    /// Ignore any server verdict header.
+    pub fn no_server_verdict_header(mut self) -> Self {
+        self.verdict_header = Ok(None);
+        self
+    }
+
+    /// Send the time left before the deadline, in whole milliseconds, in this
+    /// header on every attempt, so inner services can stop working on what
+    /// nobody waits for ([`crate::InheritDeadlineLayer`] reads it). Default:
+    /// sent, as `Request-Timeout-Ms` ([`crate::DEFAULT_DEADLINE_HEADER`]),
+    /// whenever the call has a deadline.
+    pub fn deadline_header(mut self, name: &str) -> Self {
+        self.deadline_header = header_name("deadline_header", name).map(Some);
+        self
+    }
+
+    /// Send no deadline header.
+    pub fn no_deadline_header(mut self) -> Self {
+        self.deadline_header = Ok(None);
+        self
+    }
+
+    /// Send the attempt number (1 for the first) in this header, like Envoy's
+    /// `x-envoy-attempt-count`. Default: not sent.
+    pub fn attempt_count_header(mut self, name: &str) -> Self {
+        self.attempt_header = header_name("attempt_count_header", name).map(Some);
+        self
+    }
+
+    /// The backoff after a throttling answer (429) when it should differ
+    /// from the one after other transient failures (AWS: 1 s and 20 s).
+    /// Default: the same backoff.
+    pub fn throttle_backoff(mut self, base: Duration, cap: Duration) -> Self {
+        self.throttle_backoff = Some((base, cap));
+        self
+    }
+
+    /// Whether first attempts to a paced host wait too (the default): after
+    /// a host throttles, or says its quota is spent until a reset, its new
+    /// calls wait for a release slot like its retries, so a burst reaches
+    /// it at the rate it accepts. `false` sends every first attempt at once
+    /// and paces only retries. A first attempt never waits past its
+    /// deadline's last attempt window, nor past the admission's longest
+    /// wait: then it goes, and the server answers.
+    pub fn pace_first_attempts(mut self, pace: bool) -> Self {
+        self.pace_first_attempts = pace;
+        self
+    }
+
+    /// Adaptive retry admission with these settings (the default, with
+    /// [`AdaptiveConfig::default`]): a retry that finds no room waits,
+    /// probes go out at a floor rate while failures continue, and successes
+    /// release the waiting retries with slow start.
+    pub fn adaptive_admission(mut self, config: AdaptiveConfig) -> Self {
+        self.admission = AdmissionChoice::Adaptive(config);
+        self
+    }
+
+    /// A plain token bucket that fails fast: a retry that finds it empty
+    /// ends the operation with `budget_exhausted` at once.
+    pub fn token_bucket(mut self, config: TokenBucketConfig) -> Self {
+        self.admission = AdmissionChoice::TokenBucket(config);
+        self
+    }
+
+    /// Share an admission, for example between two clients that call the
+    /// same service, or with your own [`RetryAdmission`].
+    pub fn shared_admission(mut self, admission: Arc<dyn RetryAdmission>) -> Self {
+        self.admission = AdmissionChoice::Shared(admission);
+        self
+    }
+
+    /// No retry admission at all ("none"): only attempts and the deadline
+    /// bound retries.
+    pub fn no_budget(mut self) -> Self {
+        self.admission = AdmissionChoice::None;
+        self
+    }
+
+    /// Turn on the circuit breaker, per host: while a host keeps failing,
+    /// first attempts to it too are refused locally and at once, with
+    /// [`crate::StopReason::CircuitOpen`] (no attempt is made). Google SRE's
+    /// client-side adaptive throttling: a call is refused with probability
+    /// `max(0, (requests − K·accepts) / (requests + 1))` over a sliding
+    /// window, and never while the window is quiet or the failures are
+    /// younger than a blip (see [`CircuitBreakerConfig`]). It guards calls
+    /// made through the middleware; the generic [`crate::retry`] has no
+    /// value to return without an attempt, so it only feeds the breaker.
+    /// Default: off.
+    pub fn circuit_breaker(mut self, config: CircuitBreakerConfig) -> Self {
+        self.circuit_breaker = Some(config);
+        self
+    }
+
+    /// Turn on hedged requests: an attempt still unanswered after its
+    /// host's usual latency (the `percentile` of recent ones) gets a second
+    /// copy, and the first answer wins. Off by default, because it adds
+    /// load (at most `max_extra_load` of first attempts, and every hedge is
+    /// admitted by the retry admission like a retry). Only requests safe to
+    /// send twice are hedged; see [`HedgeConfig`].
+    pub fn hedge(mut self, config: HedgeConfig) -> Self {
+        self.hedge = Some(config);
+        self
+    }
+
+    /// Turn hedging off (the default).
+    pub fn no_hedge(mut self) -> Self {
+        self.hedge = None;
+        self
+    }
+
+    /// Seed the random source, for reproducible delays. Never use the same
+    /// seed on many clients in production: identical seeds recreate
+    /// synchronized retries. Default: seeded from the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.rng = Some(Box::new(StdRng::seed_from_u64(seed)));
+        self
+    }
+
+    /// Use this random source.
+    pub fn rng(mut self, rng: impl RngCore + Send + 'static) -> Self {
+        self.rng = Some(Box::new(rng));
+        self
+    }
+
+    /// Use this sleeper (tests inject one that does not sleep).
+    pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
+        self.sleeper = Arc::new(sleeper);
+        self
+    }
+
+    /// Use this clock.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Use one [`crate::ManualClock`] as both clock and sleeper: sleeps
+    /// return at once and move the clock.
+    pub fn manual_clock(self, clock: &ManualClock) -> Self {
+        self.clock(clock.clone()).sleeper(clock.clone())
+    }
+
+    /// Add a classifier consulted before the server verdict and the default
+    /// table; classifiers added earlier are asked first.
+    pub fn classifier(mut self, classifier: impl Classifier) -> Self {
+        self.classifiers.push(Arc::new(classifier));
+        self
+    }
+}
+
+impl fmt::Debug for RetryPolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .field("base", &self.base)
+            .field("cap", &self.cap)
+            .field("jitter", &self.jitter)
+            .field("deadline", &self.deadline)
+            .field("admission", &self.admission)
+            .field("circuit_breaker", &self.circuit_breaker)
+            .field("hedge", &self.hedge)
+            .finish_non_exhaustive()
+    }
+}

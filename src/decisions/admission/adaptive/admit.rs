@@ -1,0 +1,189 @@
+//! The adaptive admission's answers: a first attempt counted, a retry
+//! admitted, paced, told to wait or refused, an attempt's result learnt.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::vocabulary::Partition;
+
+use super::super::{
+    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryKind,
+    RetryRequest,
+};
+use super::{after, AdaptiveAdmission, Due, WAITER_STALE_POLLS};
+
+/// The longest a probe whose caller never reported holds its host's one
+/// probe slot.
+const PROBE_LEASE: Duration = Duration::from_secs(30);
+
+impl RetryAdmission for AdaptiveAdmission {
+    fn first_attempt(&self, partition: Partition, now: Instant) {
+        self.host(partition, now, |h| {
+            h.deposits = h.deposits.saturating_add(1)
+        });
+    }
+
+    fn admit(&self, partition: Partition, retry: RetryRequest, now: Instant) -> Admission {
+        let c = &self.config;
+        let arrival = now.checked_sub(retry.waited()).unwrap_or(now);
+        let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
+        self.host(partition, now, |h| {
+            if retry.kind() == RetryKind::Hedge {
+                let paced = self.pace(h, now).is_some_and(|p| p.governs(now));
+                return Self::admit_hedge(h, c, paced, now, stale);
+            }
+            // A paced host's retries go out at its rate, not the budget's.
+            if let Some(pace) = self.pace(h, now).filter(|p| p.governs(now)) {
+                return Self::release(pace, now);
+            }
+            h.deposit(c);
+            h.refill(now, c.poll_interval);
+            h.prune_waiters(now, stale);
+            // The floor rate starts when the bucket runs dry, each time it
+            // does: a bucket with tokens again (the host recovered, and
+            // first attempts refilled it) disarms the probe, so the next
+            // dry spell's first probe also waits its interval.
+            let dry = h.tokens < c.retry_cost && h.allowance < 1.0;
+            if h.tokens >= c.retry_cost {
+                h.next_probe = Due::Unarmed;
+            } else if dry && h.next_probe == Due::Unarmed {
+                h.next_probe = after(now, h.probe_interval);
+            }
+            // A probe presumed lost (its caller dropped it before it
+            // reported) frees its place after the longest wait, at most
+            // PROBE_LEASE (an unbounded wait must not stop probing for
+            // good), and never before the probe interval.
+            let lease = c.max_admission_wait.min(PROBE_LEASE).max(h.probe_interval);
+            let in_flight = h
+                .probe_in_flight
+                .is_some_and(|sent| now.saturating_duration_since(sent) < lease);
+            let probe_due = !in_flight && matches!(h.next_probe, Due::At(due) if now >= due);
+            // What could go now, and how many earlier waiters still asking
+            // are ahead: with `k` retries' worth available, the first `k`
+            // in line may go, so order holds to within one poll interval
+            // without a release waiting for one waiter's turn to ask.
+            // Casts saturate; only a count up to `available` matters.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let available = ((h.tokens / c.retry_cost).floor() as usize)
+                .saturating_add(h.allowance.floor() as usize)
+                .saturating_add(usize::from(probe_due));
+            let ahead = h.waiters.range(..arrival).take(available).count();
+            let grant = if ahead >= available {
+                None
+            } else if h.tokens >= c.retry_cost {
+                h.tokens -= c.retry_cost;
+                Some(Grant::new(GrantSource::Token, c.retry_cost))
+            } else if h.allowance >= 1.0 {
+                h.allowance -= 1.0;
+                Some(Grant::new(GrantSource::Released, 0.0))
+            } else {
+                h.probe_in_flight = Some(now);
+                h.next_probe = after(now, h.probe_interval);
+                Some(Grant::new(GrantSource::Probe, 0.0))
+            };
+            if let Some(grant) = grant {
+                h.waiters.remove(&arrival);
+                return Admission::Admit(grant);
+            }
+            let left = c.max_admission_wait.saturating_sub(retry.waited());
+            if left.is_zero() {
+                h.waiters.remove(&arrival);
+                return Admission::Refuse;
+            }
+            // A retry holds its place in line from its second ask: the first
+            // may be a one-off question.
+            if !retry.waited().is_zero() {
+                h.waiters.insert(arrival, now);
+            }
+            let mut wait = c.poll_interval.min(left);
+            if let Due::At(due) = h.next_probe {
+                if due > now {
+                    wait = wait.min(due - now);
+                }
+            }
+            let rate = h.rate(now);
+            if rate > 0.0 {
+                // Until the next released retry, at least 1 ms.
+                let next = Duration::try_from_secs_f64((1.0 - h.allowance) / rate)
+                    .unwrap_or(Duration::MAX);
+                wait = wait.min(next.max(Duration::from_millis(1)));
+            }
+            Admission::Wait(wait)
+        })
+    }
+
+    fn admit_first(&self, partition: Partition, _waited: Duration, now: Instant) -> Admission {
+        let go = Admission::Admit(Grant::new(GrantSource::Free, 0.0));
+        if self.paced.load(Ordering::Relaxed) == 0 {
+            return go;
+        }
+        self.host(partition, now, |h| match self.pace(h, now) {
+            Some(pace) if pace.governs(now) => Self::release(pace, now),
+            _ => go,
+        })
+    }
+
+    fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant) {
+        let c = &self.config;
+        self.learn(partition, &attempt, now);
+        if attempt.grant().is_some_and(|g| g.is_paced()) {
+            // A paced release says nothing about an outage.
+            return;
+        }
+        if attempt
+            .grant()
+            .is_some_and(|g| g.source() == GrantSource::Hedge)
+        {
+            // Nor does a hedge: its answer is not a retry's, so it neither
+            // raises the release rate (a healthy host's hedges would let an
+            // outage's retries out fast) nor halves it.
+            return;
+        }
+        match (attempt.result(), attempt.grant()) {
+            (AttemptResult::Success, Some(grant)) => self.host(partition, now, |h| {
+                // Slow start: successes per second grow with the rate, so
+                // the rate grows exponentially while retries succeed.
+                h.refill(now, c.poll_interval);
+                h.settle_rate(now);
+                h.rate = (h.rate + c.release_step).min(c.max_release_rate);
+                h.evidence = Some(h.evidence.map_or(now, |e| e.max(now)));
+                self.set_probe_interval(h, c.probe_interval);
+                if grant.is_probe() {
+                    h.probe_in_flight = None;
+                }
+            }),
+            // The host answers again: probe at once rather than at the end
+            // of a backed-off interval. While no host is backed off (the
+            // usual case), a first attempt's success takes no lock.
+            (AttemptResult::Success, None) if self.backed_off.load(Ordering::Relaxed) > 0 => {
+                self.host(partition, now, |h| {
+                    if h.probe_interval > c.probe_interval {
+                        self.set_probe_interval(h, c.probe_interval);
+                        h.next_probe = Due::At(now);
+                    }
+                });
+            }
+            (AttemptResult::Failure, Some(grant)) => self.host(partition, now, |h| {
+                // Collapse: each failed retry halves the release rate; below
+                // one retry per second only probes remain.
+                h.refill(now, c.poll_interval);
+                h.settle_rate(now);
+                h.rate /= 2.0;
+                if h.rate < 1.0 {
+                    h.rate = 0.0;
+                    h.allowance = 0.0;
+                }
+                if grant.is_probe() {
+                    h.probe_in_flight = None;
+                    let interval = h.probe_interval.saturating_mul(2).min(c.max_probe_interval);
+                    self.set_probe_interval(h, interval);
+                    h.next_probe = after(now, interval);
+                }
+            }),
+            (AttemptResult::Other, Some(grant)) if grant.is_probe() => {
+                self.host(partition, now, |h| h.probe_in_flight = None);
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The adaptive admission's unit tests: hedges against the bucket, the
+//! evidence and the waiting line.
+
+use super::super::{RetryAdmission, RetryKind, RetryRequest};
+use super::*;
+
+#[test]
+fn a_host_costs_about_200_bytes() {
+    // Its state, its last use and its key in the table, and the table's
+    // control byte: what `max_partitions` documents.
+    let per_host = std::mem::size_of::<Host>() + 16 + 8 + 1;
+    assert!(per_host <= 200, "{per_host} bytes");
+}
+
+fn hedge() -> RetryRequest {
+    RetryRequest::new(RetryKind::Hedge, Duration::ZERO)
+}
+
+fn retry(waited: Duration) -> RetryRequest {
+    RetryRequest::new(RetryKind::Transient, waited)
+}
+
+#[test]
+fn a_hedge_is_paid_from_the_bucket_and_never_waits() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig {
+        capacity: 2.0,
+        first_attempt_deposit: 0.0,
+        ..AdaptiveConfig::default()
+    })
+    .unwrap();
+    let p = Partition::named("h");
+    let t0 = Instant::now();
+    assert!(
+        matches!(a.admit(p, hedge(), t0), Admission::Admit(g) if g.source() == GrantSource::Hedge)
+    );
+    assert!(matches!(a.admit(p, hedge(), t0), Admission::Admit(_)));
+    // Dry: a retry would wait for a probe; a hedge is refused at once,
+    // however long the host has been dry, and takes no place in line.
+    assert_eq!(a.admit(p, hedge(), t0), Admission::Refuse);
+    assert!(matches!(
+        a.admit(p, retry(Duration::ZERO), t0),
+        Admission::Wait(_)
+    ));
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(a.admit(p, hedge(), later), Admission::Refuse);
+    assert!(
+        matches!(a.admit(p, retry(Duration::ZERO), later), Admission::Admit(g) if g.is_probe()),
+        "the probe is still the retry's"
+    );
+    assert!(a.read(p, |h| h.waiters.is_empty()));
+}
+
+#[test]
+fn a_hedges_answer_says_nothing_of_an_outage() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let p = Partition::named("h");
+    let t0 = Instant::now();
+    let Admission::Admit(grant) = a.admit(p, hedge(), t0) else {
+        panic!("a full bucket admits a hedge");
+    };
+    for result in [AttemptResult::Success, AttemptResult::Failure] {
+        a.record(p, AttemptRecord::new(1, Some(grant), result), t0);
+        assert_eq!(a.release_rate(p, t0), 0.0, "{result:?}");
+    }
+    // A retry's success is evidence of recovery.
+    let Admission::Admit(grant) = a.admit(p, retry(Duration::ZERO), t0) else {
+        panic!("a full bucket admits a retry");
+    };
+    a.record(
+        p,
+        AttemptRecord::new(2, Some(grant), AttemptResult::Success),
+        t0,
+    );
+    assert!(a.release_rate(p, t0) > 0.0);
+}
+
+#[test]
+fn a_hedge_never_goes_ahead_of_a_waiting_retry() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig {
+        capacity: 1.0,
+        first_attempt_deposit: 0.5,
+        ..AdaptiveConfig::default()
+    })
+    .unwrap();
+    let p = Partition::named("h");
+    let t0 = Instant::now();
+    assert!(matches!(
+        a.admit(p, retry(Duration::ZERO), t0),
+        Admission::Admit(_)
+    ));
+    // A retry waits its turn (it asked twice, so it holds its place).
+    let t1 = t0 + Duration::from_millis(10);
+    assert!(matches!(
+        a.admit(p, retry(Duration::ZERO), t0),
+        Admission::Wait(_)
+    ));
+    assert!(matches!(a.admit(p, retry(t1 - t0), t1), Admission::Wait(_)));
+    // Two first attempts refill one token: the waiting retry's, not a
+    // hedge's.
+    a.first_attempt(p, t1);
+    a.first_attempt(p, t1);
+    assert_eq!(a.admit(p, hedge(), t1), Admission::Refuse);
+    assert!(matches!(
+        a.admit(p, retry(t1 - t0), t1),
+        Admission::Admit(_)
+    ));
+}

@@ -1,0 +1,267 @@
+//! Hedged requests: when a request is slower than its host usually is,
+//! a second copy goes out and the first answer wins.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{HedgeConfig, RetryPolicy};
+//!
+//! // A second copy of a GET after its host's p95 latency (at least 5 ms),
+//! // at most 5 % more requests, and each hedge admitted like a retry.
+//! let policy = RetryPolicy::builder()
+//!     .hedge(HedgeConfig {
+//!         min_delay: Duration::from_millis(5),
+//!         ..HedgeConfig::default()
+//!     })
+//!     .build()
+//!     .unwrap();
+//! # let _ = policy;
+//! ```
+//!
+//! The parts: the configuration and the safety rule, and the per-host
+//! latency tracker that gives the hedge delay with the extra-load budget.
+//! The race itself is the middleware's (`HttpAttempts::attempt`).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::Method;
+
+use crate::vocabulary::{is_idempotent, lock, ConfigError, Partition};
+
+/// Hedging's settings: when a second copy of a slow request is sent.
+/// Off unless a policy ([`crate::RetryPolicyBuilder::hedge`]) or a request
+/// ([`crate::RequestOptions::hedge`]) turns it on.
+///
+/// A hedge is sent when an attempt has waited its host's `percentile`
+/// latency (clamped to `min_delay..=max_delay`) without an answer, the
+/// host has `min_samples` latencies on record, the host's hedge budget
+/// (`max_extra_load` of its first attempts) has a hedge left, and the
+/// policy's retry admission admits it like a retry (of
+/// [`crate::RetryKind::Hedge`]). The first answer wins and the other copy is
+/// dropped, its connection closed; a copy that fails transiently does not
+/// end the attempt while the other is still in flight. Both copies carry
+/// the same idempotency key and end by the attempt's timeout and the
+/// deadline.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HedgeConfig {
+    /// The latency percentile, per host, after which the second copy goes.
+    /// Default 0.95 (p95): about one request in twenty is hedged while
+    /// the host is as usual.
+    pub percentile: f64,
+    /// The shortest hedge delay, whatever the percentile says. Default 1 ms.
+    pub min_delay: Duration,
+    /// The longest hedge delay. Default 1 s.
+    pub max_delay: Duration,
+    /// Latencies a host needs on record before it is hedged at all
+    /// (1..=500; recent latencies weigh most, so more are never kept).
+    /// Default 100.
+    pub min_samples: u32,
+    /// Extra load allowed per host, as a fraction of its first attempts
+    /// (0 to 1). Default 0.05: at most 5 % more requests.
+    pub max_extra_load: f64,
+    /// Hedge PUT and DELETE too (GET, HEAD, OPTIONS and TRACE always are).
+    /// Default off.
+    pub idempotent_methods: bool,
+    /// Hedge requests that carry an idempotency key (a POST with a key).
+    /// Default off: a server with Stripe's semantics answers the later copy
+    /// `409 Conflict` while the first is in progress, so the hedge only
+    /// helps when the first copy never reached the server. An unkeyed POST
+    /// or PATCH is never hedged.
+    pub keyed: bool,
+}
+
+impl Default for HedgeConfig {
+    fn default() -> Self {
+        HedgeConfig {
+            percentile: 0.95,
+            min_delay: Duration::from_millis(1),
+            max_delay: Duration::from_secs(1),
+            min_samples: 100,
+            max_extra_load: 0.05,
+            idempotent_methods: false,
+            keyed: false,
+        }
+    }
+}
+
+impl HedgeConfig {
+    /// Whether the safety rule lets a request of `method` be hedged.
+    /// An unkeyed POST (or PATCH) never is.
+    pub(crate) fn may_hedge(&self, method: &Method, keyed: bool) -> bool {
+        let safe = matches!(
+            *method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        );
+        safe || (is_idempotent(method) && self.idempotent_methods) || (keyed && self.keyed)
+    }
+
+    /// Checks every setting, naming the first that is out of range.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.percentile > 0.0 && self.percentile <= 1.0) {
+            return Err(ConfigError::named(
+                "hedge.percentile",
+                "must be above 0 and at most 1",
+            ));
+        }
+        if self.max_delay.is_zero() || self.max_delay < self.min_delay {
+            return Err(ConfigError::named(
+                "hedge.max_delay",
+                "must be above zero and at least min_delay",
+            ));
+        }
+        if self.min_samples == 0 || self.min_samples > WINDOW / 2 {
+            return Err(ConfigError::named(
+                "hedge.min_samples",
+                "must be 1 to 500 (no more latencies are kept)",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.max_extra_load) {
+            return Err(ConfigError::named("hedge.max_extra_load", "must be 0 to 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Buckets of the latency histogram.
+const BUCKETS: usize = 64;
+/// The lower bound of the first bucket, in microseconds.
+const FIRST_US: f64 = 50.0;
+/// Each bucket is this much wider than the one before.
+const GROWTH: f64 = 1.25;
+/// Counts are halved when they reach this total: recent latency weighs most.
+const WINDOW: u32 = 1000;
+/// The most hedges a host may save up.
+const MAX_TOKENS: f64 = 10.0;
+/// Hosts tracked at most; a host beyond them is not hedged.
+const MAX_HOSTS: usize = 10_000;
+
+/// One host's recent latencies (a fixed-size histogram) and hedge budget.
+#[derive(Debug, Clone)]
+struct Host {
+    counts: [u32; BUCKETS],
+    total: u32,
+    tokens: f64,
+}
+
+impl Host {
+    fn new() -> Self {
+        Host {
+            counts: [0; BUCKETS],
+            total: 0,
+            tokens: 0.0,
+        }
+    }
+
+    fn record(&mut self, latency: Duration) {
+        self.counts[bucket(latency)] += 1;
+        self.total += 1;
+        if self.total >= WINDOW {
+            self.total = 0;
+            // Rounded up, so that at least half of the window stays: every
+            // `min_samples` the settings allow is still met after halving.
+            for c in &mut self.counts {
+                *c = c.div_ceil(2);
+                self.total += *c;
+            }
+        }
+    }
+
+    /// The upper bound of the bucket holding the `p` percentile.
+    fn percentile(&self, p: f64) -> Duration {
+        // Casts: `total` is below WINDOW, the rank at most `total`.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let rank = (f64::from(self.total) * p.clamp(0.0, 1.0)).ceil() as u32;
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank.max(1) {
+                return upper(i);
+            }
+        }
+        upper(BUCKETS - 1)
+    }
+}
+
+fn bucket(latency: Duration) -> usize {
+    let us = latency.as_secs_f64() * 1e6;
+    if us <= FIRST_US {
+        return 0;
+    }
+    // Casts: the logarithm of a finite positive ratio, clamped below BUCKETS.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let i = ((us / FIRST_US).ln() / GROWTH.ln()).floor() as usize + 1;
+    i.min(BUCKETS - 1)
+}
+
+fn upper(i: usize) -> Duration {
+    // `i` is below BUCKETS, so the exponent fits an i32.
+    let exp = i32::try_from(i).unwrap_or(i32::MAX);
+    Duration::from_secs_f64(FIRST_US * GROWTH.powi(exp) / 1e6)
+}
+
+/// The per-host latency tracker and extra-load budget, shared by every
+/// clone of a policy. Its settings come with each call, so a request's own
+/// [`HedgeConfig`] reads the same latencies.
+#[derive(Debug, Default)]
+pub(crate) struct Hedger {
+    hosts: Mutex<HashMap<Partition, Host>>,
+}
+
+impl Hedger {
+    /// A first attempt to `host` earns the budget its share.
+    pub(crate) fn first_attempt(&self, config: &HedgeConfig, host: Partition) {
+        self.with_host(host, |h| {
+            h.tokens = (h.tokens + config.max_extra_load).min(MAX_TOKENS);
+        });
+    }
+
+    /// An attempt to `host` answered after `latency` (or was given up
+    /// after it: the latency is at least that).
+    pub(crate) fn record(&self, host: Partition, latency: Duration) {
+        self.with_host(host, |h| h.record(latency));
+    }
+
+    /// How long to wait before hedging a request to `host`: `None` before
+    /// enough samples.
+    pub(crate) fn delay(&self, c: &HedgeConfig, host: Partition) -> Option<Duration> {
+        let hosts = lock(&self.hosts);
+        let h = hosts.get(&host)?;
+        if h.total < c.min_samples {
+            return None;
+        }
+        Some(
+            h.percentile(c.percentile)
+                .clamp(c.min_delay, c.max_delay.max(c.min_delay)),
+        )
+    }
+
+    /// Spends one hedge of `host`'s budget: `false` when none is left.
+    pub(crate) fn spend(&self, host: Partition) -> bool {
+        let mut hosts = lock(&self.hosts);
+        match hosts.get_mut(&host) {
+            Some(h) if h.tokens >= 1.0 => {
+                h.tokens -= 1.0;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives back a hedge spent and then not sent (admission refused it).
+    pub(crate) fn refund(&self, host: Partition) {
+        self.with_host(host, |h| h.tokens = (h.tokens + 1.0).min(MAX_TOKENS));
+    }
+
+    fn with_host(&self, host: Partition, f: impl FnOnce(&mut Host)) {
+        let mut hosts = lock(&self.hosts);
+        if let Some(h) = hosts.get_mut(&host) {
+            f(h);
+        } else if hosts.len() < MAX_HOSTS {
+            f(hosts.entry(host).or_insert_with(Host::new));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! The run's questions to admission: before a retry is sent, and before a
+//! first attempt to a paced host. Each waits, bounded by the deadline.
+
+use std::time::{Duration, Instant};
+
+use crate::decisions::{Admission, RetryKind, RetryRequest};
+use crate::vocabulary::StopReason;
+
+use super::run::Run;
+
+/// What one question to admission came to.
+enum Asked {
+    /// Send the retry now.
+    Admitted(Instant),
+    /// Sleep this long and ask again.
+    Wait(Duration),
+    Stop(StopReason),
+}
+
+impl Run<'_> {
+    /// Waits for admission, bounded by the deadline: `Ok` with the time it
+    /// was admitted once the retry may be sent, or the reason to stop.
+    ///
+    /// The deadline is checked again before every question: a sleeper that
+    /// woke late (the backoff's or admission's) must not start an attempt
+    /// without its window. Woken late from the backoff, the operation ends
+    /// with `deadline`; still waiting for admission when no window is left,
+    /// with `budget_exhausted`: admission, not the deadline, is why it was
+    /// not sent. The wait admission sees, and the report's, is the time
+    /// elapsed, not the sum of the waits asked for.
+    pub(super) async fn admit(&mut self, kind: RetryKind) -> Result<Instant, StopReason> {
+        let first_ask = self.policy.clock.now();
+        loop {
+            // Decided in a plain function: only what the sleep needs is
+            // kept across it, so the future stays small.
+            match self.ask(kind, first_ask) {
+                Asked::Admitted(now) => return Ok(now),
+                Asked::Wait(wait) => self.policy.sleeper.sleep(wait).await,
+                Asked::Stop(reason) => {
+                    let now = self.policy.clock.now();
+                    self.report.admission_wait += now.saturating_duration_since(first_ask);
+                    return Err(reason);
+                }
+            }
+        }
+    }
+
+    /// Waits, before the first attempt, while the partition is paced (it
+    /// throttled, or its quota is spent): returns when the attempt begins.
+    /// It never waits past the deadline's last attempt window, nor once the
+    /// admission stops answering "wait": then it goes at once and the
+    /// server answers.
+    pub(super) async fn admit_first(&mut self) -> Instant {
+        let policy = self.policy;
+        let partition = self.report.partition;
+        let mut now = self.started;
+        loop {
+            let waited = now.saturating_duration_since(self.started);
+            let wait = match policy.admission.admit_first(partition, waited, now) {
+                Admission::Paced(wait) | Admission::Wait(wait) => wait,
+                Admission::Admit(grant) => {
+                    if grant.is_paced() {
+                        self.grant = Some(grant);
+                    }
+                    return now;
+                }
+                _ => return now,
+            };
+            let room = match self.time_left(now) {
+                Some(left) => left.saturating_sub(policy.settings.min_attempt_window),
+                None => wait,
+            };
+            let wait = wait.min(room);
+            if wait.is_zero() {
+                return now;
+            }
+            if waited.is_zero() {
+                policy.metrics.waited_for_rate_limit();
+            }
+            self.report.rate_limit_wait += wait;
+            policy.sleeper.sleep(wait).await;
+            now = policy.clock.now();
+        }
+    }
+
+    /// One question to admission, `first_ask` being when the retry first
+    /// asked.
+    fn ask(&mut self, kind: RetryKind, first_ask: Instant) -> Asked {
+        let policy = self.policy;
+        let window = policy.settings.min_attempt_window;
+        let now = policy.clock.now();
+        let waited = now.saturating_duration_since(first_ask);
+        let left = self.time_left(now);
+        if left.is_some_and(|left| left < window) {
+            if waited.is_zero() {
+                policy.metrics.deadline_gave_up();
+                return Asked::Stop(StopReason::Deadline);
+            }
+            policy.metrics.budget_rejected();
+            return Asked::Stop(StopReason::BudgetExhausted);
+        }
+        let request = RetryRequest::new(kind, waited);
+        let answer = policy.admission.admit(self.report.partition, request, now);
+        if let Admission::Paced(wait) = answer {
+            let left = left.map_or(wait, |left| left.saturating_sub(window));
+            let wait = wait.min(left);
+            if wait.is_zero() {
+                policy.metrics.budget_rejected();
+                return Asked::Stop(StopReason::BudgetExhausted);
+            }
+            if !self.pacing {
+                self.pacing = true;
+                policy.metrics.waited_for_rate_limit();
+            }
+            self.report.rate_limit_wait += wait;
+            return Asked::Wait(wait);
+        }
+        match answer {
+            Admission::Admit(grant) => {
+                self.grant = Some(grant);
+                self.pacing = false;
+                self.report.admission_wait += waited;
+                policy.metrics.admitted(grant.is_probe());
+                policy.metrics.retried(self.by_hint);
+                if self.by_hint {
+                    self.report.retry_after_honoured += 1;
+                }
+                Asked::Admitted(now)
+            }
+            Admission::Wait(wait) => {
+                if waited.is_zero() {
+                    policy.metrics.waited();
+                }
+                // The last look happens when exactly one attempt window is
+                // left.
+                let wait = match left {
+                    Some(left) => wait.min(left.saturating_sub(window)),
+                    None => wait,
+                };
+                if wait.is_zero() {
+                    policy.metrics.budget_rejected();
+                    return Asked::Stop(StopReason::BudgetExhausted);
+                }
+                Asked::Wait(wait)
+            }
+            _ => {
+                policy.metrics.budget_rejected();
+                Asked::Stop(StopReason::BudgetExhausted)
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Deadlines: the time a caller still waits, carried from the
+//! request a service is serving to every call it makes on its behalf.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{retry, InheritedDeadline, Outcome, RetryPolicy};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
+//! let policy = RetryPolicy::default(); // its own deadline: 30 s
+//! // What `InheritDeadlineLayer` does around a handler whose caller sent
+//! // `Request-Timeout-Ms: 800`:
+//! let inherited = InheritedDeadline::after(Duration::from_millis(800));
+//! let (left, _report) = inherited
+//!     .scope(async {
+//!         retry(&policy, |ctx| async move { Outcome::success(ctx.time_left()) }).await
+//!     })
+//!     .await;
+//! assert_eq!(left, Some(Duration::from_millis(800)), "min(30 s, 800 ms)");
+//! # });
+//! ```
+//!
+//! The deadline arithmetic lives here: a call's [`Limits`], the shorter of
+//! two limits, and the time a caller still waits, inherited inside a
+//! service from the request it is serving.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::vocabulary::{lock, StopReason};
+
+tokio::task_local! {
+    static INHERITED: InheritedDeadline;
+}
+
+/// What the calls made while serving one request inherit from it: the time
+/// its caller still waits, and a note of any call that gave up.
+///
+/// # How it travels
+///
+/// **Between services**, as a duration: every attempt carries the time left
+/// before the call's deadline, in whole milliseconds, in the
+/// `Request-Timeout-Ms` header ([`crate::DEFAULT_DEADLINE_HEADER`]; another name
+/// with `RetryPolicyBuilder::deadline_header`, none with
+/// `RetryPolicyBuilder::no_deadline_header`). A duration and not an
+/// instant, as gRPC's `grpc-timeout` and userver do, so that clock skew
+/// between two machines cannot expire a request early or keep it alive
+/// late; the price is that the network's transit time is not subtracted.
+///
+/// **Inside a service**, in a tokio task-local: the inbound layer
+/// ([`crate::InheritDeadlineLayer`]) reads the header and runs the handler's
+/// future inside an [`InheritedDeadline`] scope; every call that this crate
+/// makes within it — through the middleware or through [`crate::retry`] —
+/// gets `deadline = min(its own, the inherited time left)`, and so every
+/// attempt timeout is bounded by it too. No plumbing through the
+/// application: a task-local rather than the request's extensions, because
+/// the handler builds its outgoing requests itself and the extensions of
+/// the incoming one never reach them.
+///
+/// A call that starts with no time left at all still makes its one
+/// attempt, with a zero timeout: it fails at once as a timeout, and if the
+/// request leaves before the timer fires it says `Request-Timeout-Ms: 0`,
+/// which the receiving layer answers without running its handler.
+///
+/// A task-local belongs to the task: work the handler **spawns** onto
+/// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
+///
+/// ```
+/// # use reqwest_safe_retry::InheritedDeadline;
+/// # async fn handler() {
+/// let scope = InheritedDeadline::current();
+/// tokio::spawn(async move {
+///     let work = async { /* calls made with this crate */ };
+///     match scope {
+///         Some(scope) => scope.scope(work).await,
+///         None => work.await,
+///     }
+/// });
+/// # }
+/// ```
+///
+/// The layer and the client share the task-local, so both live in this
+/// crate (the client's crate): a separate layer crate would have to depend
+/// on the client for it, or the client on the layer.
+///
+/// Set by [`crate::InheritDeadlineLayer`] around a handler; read by every
+/// call this crate makes inside it. Clones share the note, so a scope
+/// carried into a spawned task still reports its give-ups to the layer.
+#[derive(Debug, Clone)]
+pub struct InheritedDeadline {
+    /// When the caller stops waiting, on tokio's clock (paused in tests).
+    at: Option<Instant>,
+    gave_up: Arc<Mutex<Option<StopReason>>>,
+}
+
+impl InheritedDeadline {
+    /// The scope the current task runs in, if any.
+    pub fn current() -> Option<InheritedDeadline> {
+        INHERITED.try_with(InheritedDeadline::clone).ok()
+    }
+
+    /// A scope whose caller waits `time_left` from now, or less if the
+    /// current scope ends sooner (it shares the current scope's note of
+    /// give-ups). A `time_left` too far to represent is no limit.
+    pub fn after(time_left: Duration) -> InheritedDeadline {
+        InheritedDeadline::within_current(Instant::now().checked_add(time_left))
+    }
+
+    /// A scope ending at `at` (`None`: no limit of its own), nested in the
+    /// current one.
+    pub(crate) fn within_current(at: Option<Instant>) -> InheritedDeadline {
+        match InheritedDeadline::current() {
+            Some(outer) => InheritedDeadline {
+                at: match (outer.at, at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+                gave_up: outer.gave_up,
+            },
+            None => InheritedDeadline {
+                at,
+                gave_up: Arc::default(),
+            },
+        }
+    }
+
+    /// The time left before the caller stops waiting (zero once it has);
+    /// `None` when the caller set no limit.
+    pub fn time_left(&self) -> Option<Duration> {
+        self.at
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    /// Why the last call made in this scope that did not succeed stopped
+    /// (attempts exhausted, deadline, budget…), if one did not.
+    pub fn gave_up(&self) -> Option<StopReason> {
+        *lock(&self.gave_up)
+    }
+
+    /// Runs `future` inside this scope: the calls it makes inherit it.
+    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        INHERITED.scope(self, future)
+    }
+
+    /// Runs `f` inside this scope, for work done before a future exists
+    /// (a service's `call`).
+    pub(crate) fn sync_scope<R>(self, f: impl FnOnce() -> R) -> R {
+        INHERITED.sync_scope(self, f)
+    }
+
+    /// The task-local future [`InheritedDeadline::scope`] makes, nameable.
+    pub(crate) fn scope_named<F: Future>(
+        self,
+        future: F,
+    ) -> tokio::task::futures::TaskLocalFuture<InheritedDeadline, F> {
+        INHERITED.scope(self, future)
+    }
+}
+
+/// The limits of a call made now: its own, with the deadline bounded by
+/// the inherited time left.
+pub(crate) fn bound(limits: Limits) -> Limits {
+    match InheritedDeadline::current().and_then(|s| s.time_left()) {
+        Some(left) => Limits {
+            deadline: shorter(limits.deadline, Some(left)),
+            ..limits
+        },
+        None => limits,
+    }
+}
+
+/// Notes, in the current scope, how a call ended, when it ended because
+/// retrying was spent or refused here: that is what lets the layer answer
+/// "do not retry" (this hop already retried, or was told not to). A call
+/// that failed for good without retrying (a permanent answer, a request
+/// that may not be repeated) or made one attempt only (a hop configured
+/// not to retry) notes nothing: its failure says nothing about whether the
+/// caller should retry.
+pub(crate) fn note_stop(reason: StopReason, attempts: u32) {
+    let gave_up = match reason {
+        StopReason::Deadline
+        | StopReason::BudgetExhausted
+        | StopReason::RetryAfterTooLong
+        | StopReason::ServerSaidNo
+        | StopReason::CircuitOpen => true,
+        StopReason::AttemptsExhausted => attempts > 1,
+        _ => false,
+    };
+    if gave_up {
+        let _ = INHERITED.try_with(|s| *lock(&s.gave_up) = Some(reason));
+    }
+}
+
+/// The limits of one logical operation: the policy's, or a request's own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_attempts: u32,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) attempt_timeout: Option<Duration>,
+}
+
+/// The shorter of two optional limits; `None` is no limit.
+pub(crate) fn shorter(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_scope_nothing_is_inherited() {
+        assert!(InheritedDeadline::current().is_none());
+        let limits = Limits {
+            max_attempts: 3,
+            deadline: Some(Duration::from_secs(30)),
+            attempt_timeout: None,
+        };
+        assert_eq!(bound(limits).deadline, Some(Duration::from_secs(30)));
+        note_stop(StopReason::Deadline, 1); // no scope: nowhere to note it, no panic
+    }
+
+    /// Only a call that spent or was refused its retries lets the layer
+    /// say "do not retry": not a permanent answer (a lookup's expected
+    /// 404), not a request that may not be repeated, not a hop that made
+    /// one attempt only.
+    #[tokio::test(start_paused = true)]
+    async fn only_spent_retries_are_noted() {
+        let noted = |reason, attempts| async move {
+            let scope = InheritedDeadline::after(Duration::from_secs(1));
+            scope
+                .clone()
+                .scope(async move {
+                    note_stop(reason, attempts);
+                    InheritedDeadline::current().and_then(|s| s.gave_up())
+                })
+                .await
+        };
+        assert_eq!(noted(StopReason::Permanent, 1).await, None);
+        assert_eq!(noted(StopReason::NotIdempotent, 1).await, None);
+        assert_eq!(noted(StopReason::Success, 2).await, None);
+        assert_eq!(noted(StopReason::AttemptsExhausted, 1).await, None);
+        assert_eq!(
+            noted(StopReason::AttemptsExhausted, 3).await,
+            Some(StopReason::AttemptsExhausted)
+        );
+        assert_eq!(
+            noted(StopReason::Deadline, 1).await,
+            Some(StopReason::Deadline)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nested_scope_keeps_the_sooner_end_and_shares_the_note() {
+        let outer = InheritedDeadline::after(Duration::from_millis(500));
+        let seen = outer
+            .clone()
+            .scope(async {
+                let inner = InheritedDeadline::after(Duration::from_secs(10));
+                inner
+                    .scope(async {
+                        note_stop(StopReason::BudgetExhausted, 2);
+                        InheritedDeadline::current().unwrap().time_left()
+                    })
+                    .await
+            })
+            .await;
+        assert_eq!(seen, Some(Duration::from_millis(500)));
+        assert_eq!(outer.gave_up(), Some(StopReason::BudgetExhausted));
+    }
+}

@@ -1,0 +1,51 @@
+//! The engine: the attempt loop, generic over any async operation, and
+//! what it runs on — the [`RetryPolicy`] and its settings, a request's own
+//! [`RequestOptions`], the deadline and the time a caller still waits, the
+//! injectable [`Clock`] and [`Sleeper`], and the counters ([`Metrics`]).
+//! It reads the decisions below it and sleeps where they say; it knows
+//! nothing of HTTP.
+//!
+//! May use: `vocabulary`, `signals`, `decisions`.
+//!
+//! Each turn of the loop, top to bottom: classify → is another attempt
+//! allowed → delay (which sees the server's hint) → does it fit the
+//! deadline → sleep → admission (which may wait, bounded by the deadline)
+//! → next.
+//!
+//! ```
+//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let clock = ManualClock::new(); // no real sleeping in this example
+//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(7).build().unwrap();
+//! let (value, report) = retry(&policy, |ctx| async move {
+//!     if ctx.attempt() == 1 { Outcome::transient(1) } else { Outcome::success(2) }
+//! })
+//! .await;
+//! assert_eq!((value, report.attempts()), (2, 2));
+//! # });
+//! ```
+
+mod admit;
+pub(crate) mod deadline;
+mod metrics;
+mod options;
+mod outcome;
+mod policy;
+mod run;
+mod runtime;
+
+pub use deadline::InheritedDeadline;
+pub(crate) use deadline::{shorter, Limits};
+#[cfg(feature = "metrics")]
+pub use metrics::{describe_metrics, names};
+pub use metrics::{Metrics, MetricsSnapshot};
+pub(crate) use options::KeyChoice;
+pub use options::RequestOptions;
+pub use outcome::{AttemptContext, Outcome};
+pub(crate) use outcome::{Signal, Verdict};
+pub use policy::RetryPolicy;
+pub(crate) use policy::{Rng, Settings};
+pub use run::{retry, retry_in};
+pub(crate) use run::{Attempt, Run};
+pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

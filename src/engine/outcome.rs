@@ -1,0 +1,206 @@
+//! What one attempt came to, as the loop reads it: the caller's
+//! [`Outcome`], the verdict on it, what the answer said of its host's rate,
+//! and the [`AttemptContext`] the attempt was made with.
+
+use std::time::Duration;
+
+use crate::decisions::{AttemptRecord, AttemptResult, RetryKind};
+use crate::signals::rate_limit::RateLimit;
+use crate::vocabulary::StopReason;
+
+use super::metrics::Metrics;
+
+/// An operation's outcome, classified by the caller.
+#[derive(Debug)]
+pub struct Outcome<T> {
+    pub(super) value: T,
+    pub(super) verdict: Verdict,
+    pub(super) signal: Signal,
+}
+
+/// What an answer says about its host's rate, whatever its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub(crate) struct Signal {
+    /// A throttling answer: 429, or 503 with Retry-After.
+    pub(crate) throttled: bool,
+    /// The server's Retry-After, when throttled.
+    pub(crate) retry_after: Option<Duration>,
+    /// The rate-limit fields it carried.
+    pub(crate) rate_limit: Option<RateLimit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Verdict {
+    Success,
+    Transient {
+        retry_after: Option<Duration>,
+        kind: RetryKind,
+    },
+    /// Stop now. `failed` says whether the attempt itself failed
+    /// transiently (a transient outcome the safety rule stopped): admission
+    /// counts it as a failure.
+    Stop {
+        reason: StopReason,
+        failed: bool,
+    },
+}
+
+impl Verdict {
+    pub(crate) fn stop(reason: StopReason) -> Self {
+        Verdict::Stop {
+            reason,
+            failed: false,
+        }
+    }
+
+    /// What the classifier said, for the per-attempt event: a transient
+    /// outcome that the safety rule stopped is still "transient".
+    pub(crate) fn class_name(self) -> &'static str {
+        match self {
+            Verdict::Success => "success",
+            Verdict::Transient { .. } | Verdict::Stop { failed: true, .. } => "transient",
+            Verdict::Stop {
+                reason: StopReason::Permanent | StopReason::ServerSaidNo,
+                ..
+            } => "permanent",
+            Verdict::Stop { .. } => "stopped",
+        }
+    }
+
+    /// What admission records of an attempt with this verdict.
+    pub(crate) fn result(self) -> AttemptResult {
+        match self {
+            Verdict::Success => AttemptResult::Success,
+            Verdict::Transient { .. } | Verdict::Stop { failed: true, .. } => {
+                AttemptResult::Failure
+            }
+            Verdict::Stop { .. } => AttemptResult::Other,
+        }
+    }
+}
+
+impl Signal {
+    /// `record` with what the answer said of its host's rate, a throttling
+    /// answer counted.
+    pub(crate) fn onto(self, mut record: AttemptRecord, metrics: &Metrics) -> AttemptRecord {
+        if self.throttled {
+            metrics.throttled();
+            record = record.throttled(self.retry_after);
+        }
+        if let Some(rate_limit) = self.rate_limit {
+            record = record.with_rate_limit(rate_limit);
+        }
+        record
+    }
+}
+
+impl<T> Outcome<T> {
+    pub(crate) fn new(value: T, verdict: Verdict) -> Self {
+        Outcome {
+            value,
+            verdict,
+            signal: Signal::default(),
+        }
+    }
+
+    pub(crate) fn with_signal(mut self, signal: Signal) -> Self {
+        self.signal = signal;
+        self
+    }
+
+    /// Done: return `value`.
+    pub fn success(value: T) -> Self {
+        Outcome::new(value, Verdict::Success)
+    }
+
+    /// Worth another attempt; `value` is returned if none is made.
+    pub fn transient(value: T) -> Self {
+        Outcome::new(
+            value,
+            Verdict::Transient {
+                retry_after: None,
+                kind: RetryKind::Transient,
+            },
+        )
+    }
+
+    /// Retrying cannot help: return `value` now.
+    pub fn permanent(value: T) -> Self {
+        Outcome::stop(value, StopReason::Permanent)
+    }
+
+    /// Stop now for the given reason.
+    pub fn stop(value: T, reason: StopReason) -> Self {
+        Outcome::new(value, Verdict::stop(reason))
+    }
+
+    /// The server asked to wait at least `hint` (a transient outcome only).
+    #[must_use]
+    pub fn with_retry_after(mut self, hint: Duration) -> Self {
+        if let Verdict::Transient { retry_after, .. } = &mut self.verdict {
+            *retry_after = Some(hint);
+        }
+        self
+    }
+
+    /// The attempt timed out (a transient outcome only); a budget may charge
+    /// more for it.
+    #[must_use]
+    pub fn timed_out(self) -> Self {
+        self.with_kind(RetryKind::Timeout)
+    }
+
+    /// The server throttled the attempt (a transient outcome only): the
+    /// policy's throttling backoff applies, a budget may charge less, and
+    /// the admission paces the partition's next requests to the rate it
+    /// accepts.
+    #[must_use]
+    pub fn throttled(mut self) -> Self {
+        if let Verdict::Transient { retry_after, .. } = self.verdict {
+            self.signal.throttled = true;
+            self.signal.retry_after = retry_after;
+        }
+        self.with_kind(RetryKind::Throttled)
+    }
+
+    /// The server's rate-limit fields (see [`crate::rate_limit`]): a
+    /// partition whose quota is spent is held until its reset.
+    #[must_use]
+    pub fn with_rate_limit(mut self, rate_limit: RateLimit) -> Self {
+        self.signal.rate_limit = Some(rate_limit);
+        self
+    }
+
+    fn with_kind(mut self, new: RetryKind) -> Self {
+        if let Verdict::Transient { kind, .. } = &mut self.verdict {
+            *kind = new;
+        }
+        self
+    }
+}
+
+/// What the operation learns about the attempt it is making.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptContext {
+    pub(super) attempt: u32,
+    pub(super) timeout: Option<Duration>,
+    pub(super) time_left: Option<Duration>,
+}
+
+impl AttemptContext {
+    /// The attempt number, 1 for the first.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// How long this attempt may take: `min(attempt timeout, time left)`.
+    /// The operation must enforce it.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Time left before the deadline, if there is one.
+    pub fn time_left(&self) -> Option<Duration> {
+        self.time_left
+    }
+}

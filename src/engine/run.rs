@@ -1,0 +1,392 @@
+//! The attempt loop, generic over any async operation whose outcome the
+//! caller classifies. The reqwest middleware is one adapter onto it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy, StopReason};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let clock = ManualClock::new(); // no real sleeping in this example
+//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
+//!
+//! let mut calls = 0;
+//! let (value, report) = retry(&policy, |ctx| {
+//!     calls += 1;
+//!     async move {
+//!         // Reconnect to a database, call an RPC… and classify the outcome.
+//!         if ctx.attempt() < 3 {
+//!             Outcome::transient(Err("connection refused"))
+//!         } else {
+//!             Outcome::success(Ok(42))
+//!         }
+//!     }
+//! })
+//! .await;
+//! assert_eq!(value, Ok(42));
+//! assert_eq!(report.attempts(), 3);
+//! assert_eq!(report.stop_reason(), StopReason::Success);
+//! assert_eq!(report.delays(), clock.sleeps());
+//! # });
+//! ```
+//!
+//! Each turn of the loop, top to bottom: classify → is another attempt
+//! allowed → delay (which sees the server's hint) → does it fit the deadline
+//! → sleep → admission (which may wait, bounded by the deadline) → next.
+//! Admission comes last so that a retry is counted when it is sent, and a
+//! give-up spends nothing. The reqwest middleware drives this same loop.
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::decisions::{AttemptRecord, AttemptResult, Grant, RetryKind};
+use crate::signals::retry_after;
+use crate::vocabulary::{Partition, RetryReport, StopReason};
+
+use super::deadline::{self, shorter, Limits};
+use super::outcome::{AttemptContext, Outcome, Signal, Verdict};
+use super::policy::RetryPolicy;
+
+/// Runs `op` until it succeeds, fails permanently, or the policy says stop,
+/// and returns the last value with the [`RetryReport`].
+///
+/// Each call is one logical operation: it starts from the initial delay and
+/// counts once as a first attempt for the policy's admission, in its one
+/// [`Partition::SINGLE`]; [`retry_in`] names another partition.
+pub async fn retry<T, F, Fut>(policy: &RetryPolicy, op: F) -> (T, RetryReport)
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    retry_in(policy, Partition::SINGLE, op).await
+}
+
+/// [`retry`], with admission decided for `partition`: the host (or the
+/// database, the shard, the tenant) the operation calls, so that one
+/// failing target neither holds back nor releases another's retries.
+///
+/// ```
+/// use reqwest_safe_retry::{retry_in, ManualClock, Outcome, Partition, RetryPolicy};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let clock = ManualClock::new();
+/// let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
+/// let replica = Partition::named("db-replica-2");
+/// let (value, report) = retry_in(&policy, replica, |_| async { Outcome::success(Ok::<_, ()>(7)) }).await;
+/// assert_eq!(value, Ok(7));
+/// assert_eq!(report.attempts(), 1);
+/// # });
+/// ```
+pub async fn retry_in<T, F, Fut>(
+    policy: &RetryPolicy,
+    partition: Partition,
+    op: F,
+) -> (T, RetryReport)
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    let mut run = Run::start(policy, Limits::from(policy), partition);
+    let span = operation_span();
+    run.traced = !span.is_disabled();
+    run.drive(&mut Closure(op)).instrument(span).await
+}
+
+/// A generic call's limits: the policy's.
+impl From<&RetryPolicy> for Limits {
+    fn from(policy: &RetryPolicy) -> Self {
+        Limits {
+            max_attempts: policy.settings.max_attempts,
+            deadline: policy.settings.deadline,
+            attempt_timeout: policy.settings.attempt_timeout,
+        }
+    }
+}
+
+/// One attempt of a logical operation, as the loop drives it.
+pub(crate) trait Attempt {
+    /// What an attempt returns.
+    type Output;
+
+    /// Makes attempt `ctx.attempt()`.
+    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<Self::Output>;
+
+    /// The attempt's status or error kind, for the per-attempt event.
+    fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+}
+
+/// The generic engine's operation: a closure.
+struct Closure<F>(F);
+
+impl<T, F, Fut> Attempt for Closure<F>
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    type Output = T;
+
+    async fn attempt(&mut self, ctx: AttemptContext) -> Outcome<T> {
+        (self.0)(ctx).await
+    }
+
+    fn label(&self, _: &T, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("-")
+    }
+}
+
+/// Formats an attempt's label only if a subscriber records the event.
+struct Label<'a, A: Attempt>(&'a A, &'a A::Output);
+
+impl<A: Attempt> fmt::Display for Label<'_, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.label(self.1, f)
+    }
+}
+
+/// The span of one logical operation; [`Run::finish`] records the retry
+/// count and the stop reason into it.
+pub(crate) fn operation_span() -> tracing::Span {
+    tracing::info_span!(
+        "retry",
+        http.request.resend_count = tracing::field::Empty,
+        stop_reason = tracing::field::Empty,
+    )
+}
+
+/// One event per attempt: number, status or error kind, class, chosen delay,
+/// and the reason when it is the last.
+fn trace_attempt(ctx: &AttemptContext, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
+    let (delay_ms, stop_reason) = match step {
+        Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
+        Step::Stop(r) => (0, r.as_str()),
+    };
+    tracing::info!(
+        attempt = ctx.attempt(),
+        http.request.resend_count = ctx.attempt() - 1,
+        %outcome,
+        class = verdict.class_name(),
+        delay_ms,
+        stop_reason,
+        "attempt finished"
+    );
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Sleep this long, then ask admission for a retry of this kind.
+    Retry(Duration, RetryKind),
+    Stop(StopReason),
+}
+/// The state of one logical operation.
+pub(crate) struct Run<'p> {
+    pub(super) policy: &'p RetryPolicy,
+    pub(super) limits: Limits,
+    pub(super) started: Instant,
+    pub(super) deadline: Option<Instant>,
+    pub(super) attempt: u32,
+    pub(super) prev_delay: Duration,
+    /// The grant the current attempt was sent under (`None` for the first).
+    pub(super) grant: Option<Grant>,
+    /// Whether the current delay was set by a server's Retry-After.
+    pub(super) by_hint: bool,
+    /// Whether the current retry has waited for a paced host's rate.
+    pub(super) pacing: bool,
+    /// Whether the operation's span has a subscriber: only then does
+    /// [`Run::finish`] record the retry count and the stop reason into it.
+    pub(crate) traced: bool,
+    pub(crate) report: RetryReport,
+}
+
+impl<'p> Run<'p> {
+    pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits, partition: Partition) -> Self {
+        let now = policy.clock.now();
+        // A call made while serving a request ends when its caller stops waiting.
+        let limits = deadline::bound(limits);
+        policy.metrics.call_started();
+        policy.admission.first_attempt(partition, now);
+        Run {
+            policy,
+            limits,
+            started: now,
+            // An instant too far to represent is no deadline at all.
+            deadline: limits.deadline.and_then(|d| now.checked_add(d)),
+            attempt: 0,
+            prev_delay: policy.settings.backoff.base(),
+            grant: None,
+            by_hint: false,
+            pacing: false,
+            traced: false,
+            report: RetryReport {
+                partition,
+                ..RetryReport::new()
+            },
+        }
+    }
+
+    /// The attempt loop: attempt → decide → sleep → admission → next.
+    ///
+    /// Borrows the run rather than taking it: an `async fn` keeps a copy of
+    /// each argument it moves in, and the run is the largest.
+    ///
+    /// The clock is read once per attempt, when it ends: the first attempt
+    /// begins at the run's start, a retry when admission lets it go, and
+    /// an operation that stops after an attempt ends when that attempt did.
+    pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
+        let mut begins = self.started;
+        if self.policy.settings.pace_first_attempts {
+            begins = self.admit_first().await;
+        }
+        loop {
+            let ctx = self.context(begins);
+            // Split at once: only the value is kept across the sleeps
+            // below, so the future stays small.
+            let Outcome {
+                value,
+                verdict,
+                signal,
+            } = op.attempt(ctx).await;
+            let ended = self.policy.clock.now();
+            let step = self.decide(verdict, signal, ended);
+            trace_attempt(&ctx, &Label(op, &value), verdict, step);
+            let (reason, at) = match step {
+                Step::Stop(reason) => (reason, ended),
+                Step::Retry(delay, kind) => {
+                    self.sleep(delay).await;
+                    match self.admit(kind).await {
+                        Ok(now) => {
+                            begins = now;
+                            continue;
+                        }
+                        Err(reason) => (reason, self.policy.clock.now()),
+                    }
+                }
+            };
+            return (value, self.finish(reason, at));
+        }
+    }
+
+    /// Begins the next attempt at `now`.
+    fn context(&mut self, now: Instant) -> AttemptContext {
+        self.attempt += 1;
+        self.report.attempts = self.attempt;
+        // A first attempt that did not wait begins at the start: the whole
+        // deadline is left.
+        let time_left = if self.attempt == 1 && now == self.started {
+            self.deadline.and(self.limits.deadline)
+        } else {
+            self.time_left(now)
+        };
+        let settings = &self.policy.settings;
+        // gRPC's rule: at least the floor, and at least the backoff that would
+        // follow this attempt.
+        let floor = settings
+            .min_attempt_timeout
+            .map(|f| f.max(settings.backoff.ceiling(self.attempt - 1)));
+        let configured = match (self.limits.attempt_timeout, floor) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        };
+        let timeout = shorter(configured, time_left);
+        AttemptContext {
+            attempt: self.attempt,
+            timeout,
+            time_left,
+        }
+    }
+
+    pub(super) fn time_left(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    /// Decides, after an attempt, whether and how long to wait for the next.
+    /// Pure but for the random draw and the counters; admission comes after
+    /// the sleep.
+    fn decide(&mut self, verdict: Verdict, signal: Signal, now: Instant) -> Step {
+        let policy = self.policy;
+        let result = verdict.result();
+        let record = signal.onto(
+            AttemptRecord::new(self.attempt, self.grant, result),
+            &policy.metrics,
+        );
+        policy.admission.record(self.report.partition, record, now);
+        if let Some(breaker) = &policy.breaker {
+            breaker.record(self.report.partition, result != AttemptResult::Failure, now);
+        }
+        if self.attempt == 1 && verdict != Verdict::Success && !signal.throttled {
+            policy.metrics.first_attempt_failed();
+        }
+        let (hint, kind) = match verdict {
+            Verdict::Success => return Step::Stop(StopReason::Success),
+            Verdict::Stop { reason, .. } => return Step::Stop(reason),
+            Verdict::Transient { retry_after, kind } => (retry_after, kind),
+        };
+        if self.attempt >= self.limits.max_attempts {
+            return Step::Stop(StopReason::AttemptsExhausted);
+        }
+        let settings = &policy.settings;
+        let backoff = match (kind, &settings.throttle_backoff) {
+            (RetryKind::Throttled, Some(throttle)) => throttle,
+            _ => &settings.backoff,
+        };
+        let n = self.attempt - 1;
+        let (computed, delay) = policy.with_rng(|rng| {
+            let computed = backoff.delay(n, self.prev_delay, rng);
+            let delay = match hint {
+                Some(h) => retry_after::floor_with_jitter(computed, h, rng),
+                None => computed,
+            };
+            (computed, delay)
+        });
+        if let Some(h) = hint {
+            if h > settings.max_retry_after {
+                return Step::Stop(StopReason::RetryAfterTooLong);
+            }
+        }
+        if let Some(left) = self.time_left(now) {
+            let needed = delay.saturating_add(settings.min_attempt_window);
+            if needed > left {
+                policy.metrics.deadline_gave_up();
+                let hint_alone_fits =
+                    hint.is_none_or(|h| h.saturating_add(settings.min_attempt_window) <= left);
+                return Step::Stop(if hint_alone_fits {
+                    StopReason::Deadline
+                } else {
+                    StopReason::RetryAfterTooLong
+                });
+            }
+        }
+        // A strategy that fails fast fails before the sleep.
+        if !policy.admission.may_admit(self.report.partition, kind) {
+            policy.metrics.budget_rejected();
+            return Step::Stop(StopReason::BudgetExhausted);
+        }
+        self.by_hint = delay > computed;
+        self.prev_delay = delay;
+        Step::Retry(delay, kind)
+    }
+
+    async fn sleep(&mut self, delay: Duration) {
+        self.report.delays.push(delay);
+        self.policy.sleeper.sleep(delay).await;
+    }
+
+    /// Ends the operation at `now`: the report, the span's fields, the
+    /// counters.
+    pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
+        let mut report = std::mem::replace(&mut self.report, RetryReport::new());
+        report.stop_reason = reason;
+        deadline::note_stop(reason, self.attempt);
+        report.elapsed = now.saturating_duration_since(self.started);
+        if self.traced {
+            let span = tracing::Span::current();
+            span.record("http.request.resend_count", self.attempt.saturating_sub(1));
+            span.record("stop_reason", reason.as_str());
+        }
+        self.policy
+            .metrics
+            .call_finished(self.attempt, reason == StopReason::Success);
+        report
+    }
+}

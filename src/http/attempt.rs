@@ -1,0 +1,123 @@
+//! One HTTP attempt, as the engine's loop drives it: the request copied
+//! for the next attempt, the key and deadline headers stamped, the send
+//! (perhaps hedged), and the verdict on the answer.
+
+use std::fmt;
+use std::future::Future;
+
+use http::{Extensions, HeaderValue};
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+
+use crate::engine::{shorter, Attempt, AttemptContext, Outcome};
+use crate::signals::transport_failure;
+use crate::vocabulary::StopReason;
+
+use super::deadline_header::stamp_headers;
+use super::hedge_race::{plan_hedge, Hedging};
+use super::judge::Judge;
+
+/// One logical HTTP operation: the request for the next attempt and what
+/// each attempt needs.
+pub(super) struct HttpAttempts<'a> {
+    pub(super) judge: Judge<'a>,
+    /// Hedging, when this request may be hedged (boxed: a request that is
+    /// not carries one pointer for it).
+    pub(super) hedging: Option<Box<Hedging>>,
+    /// The key header each attempt adds to the request it sends (`None`
+    /// when there is no key, or when the caller's request carries its own):
+    /// the copy kept for the next attempt then holds the caller's headers
+    /// alone, and copying it copies no header the caller did not set.
+    pub(super) key_header: Option<HeaderValue>,
+    pub(super) caller_timeout: Option<std::time::Duration>,
+    /// The request the next attempt sends; `None` once a body that cannot
+    /// be copied has been sent.
+    pub(super) request: Option<Request>,
+    pub(super) extensions: &'a mut Extensions,
+    pub(super) next: Next<'a>,
+}
+
+/// The error of an attempt that had no request left to send. The safety
+/// rule stops a stream after its one attempt, so this is a guard only.
+#[derive(Debug)]
+struct NothingToResend;
+
+impl fmt::Display for NothingToResend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request body cannot be sent twice")
+    }
+}
+
+impl std::error::Error for NothingToResend {}
+
+impl Attempt for HttpAttempts<'_> {
+    type Output = reqwest_middleware::Result<Response>;
+
+    // The request is prepared before the future is built, so the future
+    // holds only the send in flight and what the verdict needs.
+    fn attempt(&mut self, ctx: AttemptContext) -> impl Future<Output = Outcome<Self::Output>> {
+        let sending = match self.request.take() {
+            None => None,
+            Some(mut request) => Some({
+                // A copy for the next attempt; `None` when the body is a
+                // stream, which is sent once, or when no attempt can follow
+                // this one.
+                let last = ctx.attempt() >= self.judge.max_attempts;
+                self.request = if last { None } else { request.try_clone() };
+                let cloneable = last || self.request.is_some();
+                // reqwest keeps the timeout in an extension map that it
+                // allocates on the first write: write only a timeout the
+                // request lacks.
+                let timeout = shorter(self.caller_timeout, ctx.timeout());
+                if timeout != self.caller_timeout {
+                    *request.timeout_mut() = timeout;
+                }
+                if let Some(value) = &self.key_header {
+                    let name = self.judge.policy.settings.key_header.clone();
+                    request.headers_mut().insert(name, value.clone());
+                }
+                stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
+                let method = request.method().clone();
+                // Planned before the send borrows the extensions: the copy
+                // sent as the hedge needs its own.
+                let hedge = self.hedging.as_deref().map(|hedging| {
+                    plan_hedge(
+                        self.judge.policy,
+                        hedging,
+                        &request,
+                        self.extensions,
+                        &self.next,
+                        ctx,
+                        timeout,
+                    )
+                });
+                let response = self.next.clone().run(request, self.extensions);
+                let response = match hedge {
+                    None => response,
+                    Some(hedge) => hedge.boxed_race(response, &self.judge, &method, cloneable),
+                };
+                (method, cloneable, response)
+            }),
+        };
+        let judge = &self.judge;
+        async move {
+            let Some((method, cloneable, response)) = sending else {
+                return Outcome::stop(
+                    Err(reqwest_middleware::Error::middleware(NothingToResend)),
+                    StopReason::BodyNotCloneable,
+                );
+            };
+            let result = response.await;
+            let verdict = judge.verdict(&method, cloneable, &result);
+            let signal = judge.signal(&result, verdict);
+            Outcome::new(result, verdict).with_signal(signal)
+        }
+    }
+
+    fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match value {
+            Ok(r) => f.write_str(r.status().as_str()),
+            Err(e) => f.write_str(transport_failure(e).name()),
+        }
+    }
+}

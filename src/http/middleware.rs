@@ -1,0 +1,241 @@
+//! The reqwest-middleware adapter onto the engine: it settles a request's
+//! key, limits and hedging, then lets the engine's loop drive its
+//! attempts.
+//!
+//! ```no_run
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt};
+//!
+//! # async fn run() -> Result<(), reqwest_middleware::Error> {
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryMiddleware::new(RetryPolicy::default()))
+//!     .build();
+//! let response = client.post("http://payments.internal/payments").send().await?;
+//! let report = response.retry_report().unwrap();
+//! println!("{} attempts, key {:?}", report.attempts(), report.idempotency_key());
+//! # Ok(()) }
+//! ```
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use http::{Extensions, HeaderValue};
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+use tracing::Instrument;
+
+use crate::engine::{deadline, KeyChoice, Limits, RequestOptions, RetryPolicy, Run};
+use crate::vocabulary::{
+    BoxFuture, IdempotencyKey, KeyError, Partition, ReportSlot, RetryReport, SharedKey, StopReason,
+};
+
+use super::attempt::HttpAttempts;
+use super::error::{CircuitOpen, RetryError};
+use super::hedge_race::Hedging;
+use super::judge::Judge;
+
+/// Retries requests as the [`RetryPolicy`] says. Add it to a
+/// `reqwest_middleware::ClientBuilder`; clones of the client share it, its
+/// retry admission and its counters.
+#[derive(Debug, Clone)]
+pub struct RetryMiddleware {
+    policy: RetryPolicy,
+}
+
+impl RetryMiddleware {
+    /// A middleware using `policy`.
+    pub fn new(policy: RetryPolicy) -> Self {
+        RetryMiddleware { policy }
+    }
+
+    /// The policy, for its admission and counters.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+}
+
+impl Middleware for RetryMiddleware {
+    // Written out rather than with `#[async_trait]`: the options, the key
+    // and the limits are settled before the future is built, so the boxed
+    // future holds the request once and nothing it no longer needs.
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        request: Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> BoxFuture<'async_trait, reqwest_middleware::Result<Response>>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let policy = &self.policy;
+        let settings = &policy.settings;
+        let options = extensions.get::<RequestOptions>();
+        let (key, key_header) = match self.choose_key(&request, options) {
+            Ok(key) => key,
+            Err(e) => {
+                let mut report = RetryReport::new();
+                report.stop_reason = StopReason::Permanent;
+                if let Some(slot) = extensions.get::<ReportSlot>() {
+                    slot.fill(report.clone());
+                }
+                return Box::pin(std::future::ready(Err(refused(report, e))));
+            }
+        };
+        let limits = Limits {
+            max_attempts: options
+                .and_then(|o| o.max_attempts)
+                .unwrap_or(settings.max_attempts),
+            deadline: options.and_then(|o| o.deadline).or(settings.deadline),
+            attempt_timeout: options
+                .and_then(|o| o.attempt_timeout)
+                .or(settings.attempt_timeout),
+        };
+        let classifier = options.and_then(|o| o.classifier.clone());
+        // Built only where someone may listen: once a subscriber has been
+        // set (the span then asks it, by its own name and target), or where
+        // a logger would print the span's fields (tracing's `log` feature).
+        // With neither, building it would only format fields for nobody.
+        // `has_been_set` is tracing's own test for eliding trace points when
+        // tracing is not in use (what its macros expand to).
+        let span = if tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info) {
+            tracing::info_span!(
+                "retry",
+                http.request.method = %request.method(),
+                server.address = request.url().host_str().unwrap_or_default(),
+                url.path = request.url().path(),
+                idempotency_key = key.as_ref().map(SharedKey::as_str),
+                http.request.resend_count = tracing::field::Empty,
+                stop_reason = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        // Admission is per host unless the request names its partition.
+        let partition = options
+            .and_then(|o| o.partition)
+            .unwrap_or_else(|| Partition::of_url(request.url()));
+        if let Some(breaker) = &policy.breaker {
+            if !breaker.allow(partition, policy.clock.now()) {
+                // Refused locally and at once: no attempt, no retry; a
+                // handler's inbound layer answers its caller "do not retry".
+                policy.metrics.circuit_refused();
+                deadline::note_stop(StopReason::CircuitOpen, 0);
+                let mut report = RetryReport::new();
+                report.attempts = 0;
+                report.stop_reason = StopReason::CircuitOpen;
+                report.partition = partition;
+                report.idempotency_key = key;
+                if let Some(slot) = extensions.get::<ReportSlot>() {
+                    slot.fill(report.clone());
+                }
+                return Box::pin(std::future::ready(Err(refused(report, CircuitOpen))));
+            }
+        }
+        // Hedged only when the safety rule lets the request be sent twice:
+        // then each first attempt earns its host's hedge budget its share.
+        let keyed = key.is_some();
+        let hedge = match options.and_then(|o| o.hedge) {
+            Some(choice) => choice,
+            None => settings.hedge,
+        }
+        .filter(|config| config.may_hedge(request.method(), keyed));
+        if let Some(config) = &hedge {
+            policy.hedger.first_attempt(config, partition);
+        }
+        let mut run = Run::start(policy, limits, partition);
+        run.traced = !span.is_disabled();
+        // Moved, not copied: the report owns the key.
+        run.report.idempotency_key = key;
+        let mut attempts = HttpAttempts {
+            judge: Judge {
+                policy,
+                classifier,
+                keyed: run.report.idempotency_key.is_some(),
+                max_attempts: limits.max_attempts,
+            },
+            hedging: hedge.map(|config| {
+                Box::new(Hedging {
+                    config,
+                    partition,
+                    sent: AtomicU32::new(0),
+                    won: AtomicU32::new(0),
+                })
+            }),
+            key_header,
+            caller_timeout: request.timeout().copied(),
+            request: Some(request),
+            extensions,
+            next,
+        };
+        // An async block, not an `async fn`: it keeps the run and the
+        // attempts in place instead of a second copy of each.
+        let call = async move {
+            let (result, mut report) = run.drive(&mut attempts).await;
+            if let Some(hedging) = &attempts.hedging {
+                let count = |n: &AtomicU32| u16::try_from(n.load(Ordering::Relaxed));
+                report.hedges = count(&hedging.sent).unwrap_or(u16::MAX);
+                report.hedge_wins = count(&hedging.won).unwrap_or(u16::MAX);
+            }
+            if let Some(slot) = attempts.extensions.get::<ReportSlot>() {
+                slot.fill(report.clone());
+            }
+            // A transport error goes back as it came, so the caller's
+            // `is_timeout()`, `is_connect()`, `status()` and `url()` keep
+            // working; the report is in the slot.
+            result.map(|mut response| {
+                response.extensions_mut().insert(report);
+                response
+            })
+        };
+        // With no subscriber listening, no span is entered on every poll.
+        if span.is_disabled() {
+            Box::pin(call)
+        } else {
+            Box::pin(call.instrument(span))
+        }
+    }
+}
+impl RetryMiddleware {
+    /// The request's key: a caller's own, kept as it is in the request's
+    /// headers, or one chosen as the options and policy say, with the header
+    /// value every attempt is to carry.
+    fn choose_key(
+        &self,
+        request: &Request,
+        options: Option<&RequestOptions>,
+    ) -> Result<(Option<SharedKey>, Option<HeaderValue>), KeyError> {
+        let settings = &self.policy.settings;
+        let mut existing = request.headers().get_all(&settings.key_header).iter();
+        if let Some(first) = existing.next() {
+            if existing.next().is_some() {
+                // Which of two keys a server reads is its own choice (the
+                // server half refuses them): refused before it is sent.
+                return Err(KeyError::new("the key header must appear only once"));
+            }
+            // A key the caller already set is kept, never overwritten.
+            return IdempotencyKey::from_header(first).map(|key| (Some(key.into()), None));
+        }
+        let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
+            KeyChoice::Skip => return Ok((None, None)),
+            KeyChoice::Use(key) => SharedKey::from(key.clone()),
+            KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
+                SharedKey::generate(settings.key_generator)
+            }
+            KeyChoice::Auto => return Ok((None, None)),
+        };
+        let value = key.header_value(settings.key_format)?;
+        Ok((Some(key), Some(value)))
+    }
+}
+
+/// The error for a request refused before anything was sent.
+fn refused(
+    report: RetryReport,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::Middleware(anyhow::Error::new(RetryError::new(
+        report,
+        reqwest_middleware::Error::middleware(error),
+    )))
+}

@@ -1,0 +1,184 @@
+//! The rate-limit fields' unit tests: each form read, hostile ones ignored.
+
+use super::*;
+use proptest::prelude::*;
+
+proptest! {
+    /// The one-pass check never skips fields the reader would read.
+    #[test]
+    fn the_quick_check_misses_nothing(
+        fields in proptest::collection::vec(
+            (
+                prop::sample::select(vec![
+                    "ratelimit", "ratelimit-policy", "x-ratelimit-remaining",
+                    "x-ratelimit-reset", "date", "content-type", "retry-after",
+                    "x-ratelimit", "ratelimits", "x-rate-limit-remaining",
+                ]),
+                "[0-9a-z;=, ]{0,20}",
+            ),
+            0..6,
+        )
+    ) {
+        let mut h = HeaderMap::new();
+        for (name, value) in &fields {
+            h.append(
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        if from_headers(&h, SystemTime::UNIX_EPOCH).is_some() {
+            prop_assert!(has_fields(&h), "{fields:?}");
+        }
+    }
+}
+
+#[test]
+fn the_quick_check_finds_each_field() {
+    for name in [
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::HeaderName::from_static(name),
+            http::HeaderValue::from_static("0"),
+        );
+        assert!(has_fields(&h), "{name}");
+    }
+    let mut h = HeaderMap::new();
+    h.insert("content-type", http::HeaderValue::from_static("text/plain"));
+    assert!(!has_fields(&h));
+}
+
+fn read(pairs: &[(&str, &str)]) -> Option<RateLimit> {
+    let mut h = HeaderMap::new();
+    for (name, value) in pairs {
+        h.append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            http::HeaderValue::from_bytes(value.as_bytes()).unwrap(),
+        );
+    }
+    // Sun, 06 Nov 1994 08:49:37 GMT
+    from_headers(
+        &h,
+        SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777),
+    )
+}
+
+fn secs(n: u64) -> Option<Duration> {
+    Some(Duration::from_secs(n))
+}
+
+#[test]
+fn the_ietf_fields_are_read() {
+    let got = read(&[
+        ("ratelimit", r#""default";r=0;t=3"#),
+        ("ratelimit-policy", r#""default";q=100;w=60"#),
+    ])
+    .unwrap();
+    assert!(got.exhausted());
+    assert_eq!(got.reset, secs(3));
+    assert_eq!(got.quota, Some((100, Duration::from_secs(60))));
+    assert_eq!(got.quota_rate(), Some(100.0 / 60.0));
+    // Several policies: the tightest wins.
+    let got = read(&[
+        (
+            "ratelimit",
+            r#""burst";r=0;t=1, "day";r=0;t=3600, "x";r=7;t=9"#,
+        ),
+        (
+            "ratelimit-policy",
+            r#""burst";q=10;w=1, "day";q=1000;w=86400"#,
+        ),
+    ])
+    .unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(0), secs(3600)));
+    assert_eq!(got.quota, Some((1000, Duration::from_secs(86400))));
+    // Other parameters and item types are skipped, not refused.
+    let got = read(&[("ratelimit", r#"token;pk=:cHJvamVjdDEyMw==:;r=5;t=2;flag"#)]).unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(5), secs(2)));
+}
+
+#[test]
+fn the_common_pair_is_read_in_seconds_or_as_a_unix_time() {
+    let got = read(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "30")]).unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(0), secs(30)));
+    // A Unix time, against the response's Date: ten seconds later.
+    let got = read(&[
+        ("date", "Tue, 01 Dec 2026 21:00:00 GMT"),
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "1796158810"),
+    ])
+    .unwrap();
+    assert_eq!(got.reset, secs(10));
+    // A Unix time in the past is now.
+    let got = read(&[
+        ("date", "Tue, 01 Dec 2026 21:00:00 GMT"),
+        ("x-ratelimit-reset", "1000000000"),
+    ])
+    .unwrap();
+    assert_eq!(got.reset, secs(0));
+    // The IETF field wins over the pair.
+    let got = read(&[("ratelimit", "a;r=4;t=1"), ("x-ratelimit-remaining", "0")]).unwrap();
+    assert_eq!(got.remaining, Some(4));
+}
+
+#[test]
+fn malformed_and_hostile_fields_are_ignored() {
+    for value in [
+        "",
+        ",",
+        "a;r=0;t=3,",
+        r#""unterminated;r=0"#,
+        "a;R=0",
+        "a;r=0;t=9999999999999999",
+        "a;r=0;t=99999999999999999999999999999999",
+        "a;r=0 t=3",
+        "a;r=0;;t=3",
+        "(a b);r=0",
+        "a;r=0;t=3 garbage",
+        "\u{e9}=1;r=0",
+    ] {
+        let got = read(&[("ratelimit", value)]);
+        assert!(got.is_none_or(|g| !g.exhausted()), "{value:?}: {got:?}");
+    }
+    for value in ["-1", "1.5", "soon", "99999999999999999999", " ", "0x10"] {
+        let got = read(&[
+            ("x-ratelimit-remaining", value),
+            ("x-ratelimit-reset", value),
+        ]);
+        assert_eq!(got, None, "{value:?}");
+    }
+    // A negative or decimal parameter is not a count.
+    let got = read(&[("ratelimit", "a;r=-1;t=2.5")]);
+    assert_eq!(got, None);
+    // Two copies that disagree are both ignored.
+    let got = read(&[
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-remaining", "5"),
+    ]);
+    assert_eq!(got, None);
+    // The largest values never overflow.
+    let got = read(&[("x-ratelimit-reset", "999999999999999")]).unwrap();
+    let far = Duration::from_secs(999_999_999_999_999 - 784_111_777);
+    assert_eq!(got.reset, Some(far));
+    let got = read(&[("ratelimit-policy", "a;q=5;w=0")]).unwrap();
+    assert_eq!(got.quota_rate(), None);
+}
+
+proptest::proptest! {
+    #[test]
+    fn any_text_parses_or_is_ignored_without_panicking(
+        a in ".*", b in ".*", c in ".*",
+    ) {
+        let mut h = HeaderMap::new();
+        for (name, v) in [("ratelimit", &a), ("ratelimit-policy", &b), ("x-ratelimit-reset", &c)] {
+            if let Ok(v) = http::HeaderValue::from_str(v) {
+                h.insert(name, v);
+            }
+        }
+        let _ = from_headers(&h, SystemTime::UNIX_EPOCH);
+    }
+}
