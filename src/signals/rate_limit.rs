@@ -21,16 +21,18 @@
 //! policy name with parameters. Of `RateLimit`, `r` (quota units left) and
 //! `t` (seconds until the quota resets) are read; of `RateLimit-Policy`,
 //! `q` (the quota) and `w` (its window in seconds). With several policies
-//! the tightest wins: the fewest units left, and among policies with none
-//! left the latest reset. A field that does not parse as a list is ignored
+//! the tightest wins, whatever their order: the fewest units left, and
+//! among policies with none left the latest reset. A field that does not parse as a list is ignored
 //! whole, as RFC 9651 asks; a parameter that is not a non-negative integer
 //! of at most 15 digits is ignored.
 //!
 //! `X-RateLimit-Reset` is read as seconds from now, unless it is large
 //! enough to be a Unix time (at least 10⁹, that is after September 2001),
 //! which GitHub and others send: then it is measured against the response's
-//! own `Date` header, as a Retry-After date is. Two values that disagree,
-//! a negative, fractional or garbled value: ignored. Nothing here panics.
+//! own `Date` header, as a Retry-After date is. A reset more than a year
+//! ahead cannot be a time (epoch milliseconds read as seconds, a broken
+//! clock) and is ignored. Two values that disagree, a negative,
+//! fractional or garbled value: ignored. Nothing here panics.
 //!
 //! No crate for structured fields is in the dependency tree; the subset
 //! these two fields need (a list of items with integer parameters) is
@@ -42,6 +44,11 @@ use http::HeaderMap;
 
 /// A value at least this large in `X-RateLimit-Reset` is a Unix time.
 const EPOCH_THRESHOLD: u64 = 1_000_000_000;
+
+/// A reset further ahead than this is not a time: no rate-limit window
+/// is longer than a year, and a value this far ahead is another unit
+/// (epoch milliseconds) or a broken clock.
+const MAX_RESET: Duration = Duration::from_secs(366 * 86_400);
 
 /// RFC 9651 integers have at most 15 digits.
 const MAX_DIGITS: usize = 15;
@@ -91,17 +98,27 @@ pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
 pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<RateLimit> {
     let mut limit = RateLimit::default();
     if let Some(items) = field(headers, "ratelimit").and_then(|v| parse_list(v)) {
+        // The tightest policy: the fewest units left, the first listed
+        // among equals; among spent ones, the latest reset. Decided over
+        // the whole list, so that the order the server lists its policies
+        // in changes nothing.
+        let mut tightest: Option<(u64, Option<Duration>)> = None;
         for params in items {
-            let (r, t) = (param(&params, "r"), param(&params, "t"));
-            if let Some(r) = r {
-                limit.remaining = Some(limit.remaining.map_or(r, |old| old.min(r)));
-            }
-            if let (Some(0), Some(t)) = (r, t) {
-                let t = Duration::from_secs(t);
-                limit.reset = Some(limit.reset.map_or(t, |old| old.max(t)));
-            } else if limit.reset.is_none() && limit.remaining != Some(0) {
-                limit.reset = t.map(Duration::from_secs);
-            }
+            let Some(r) = param(&params, "r") else {
+                continue;
+            };
+            let t = param(&params, "t")
+                .filter(|t| *t <= MAX_RESET.as_secs())
+                .map(Duration::from_secs);
+            tightest = match tightest {
+                Some((old, old_t)) if r > old || (r == old && r > 0) => Some((old, old_t)),
+                Some((0, old_t)) if r == 0 => Some((0, old_t.max(t))),
+                _ => Some((r, t)),
+            };
+        }
+        if let Some((r, t)) = tightest {
+            limit.remaining = Some(r);
+            limit.reset = t;
         }
     }
     if let Some(items) = field(headers, "ratelimit-policy").and_then(|v| parse_list(v)) {
@@ -124,22 +141,26 @@ pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<RateLimit> {
         limit.remaining = field(headers, "x-ratelimit-remaining").and_then(integer);
         limit.reset = field(headers, "x-ratelimit-reset")
             .and_then(integer)
-            .map(|n| reset_of(n, headers, now));
+            .and_then(|n| reset_of(n, headers, now));
     }
     (limit != RateLimit::default()).then_some(limit)
 }
 
 /// `X-RateLimit-Reset`: seconds, or a Unix time measured against the
-/// response's `Date`.
-fn reset_of(n: u64, headers: &HeaderMap, now: SystemTime) -> Duration {
-    if n < EPOCH_THRESHOLD {
-        return Duration::from_secs(n);
-    }
-    let reference = super::retry_after::reference(headers, now);
-    SystemTime::UNIX_EPOCH
-        .checked_add(Duration::from_secs(n))
-        .and_then(|at| at.duration_since(reference).ok())
-        .unwrap_or(Duration::ZERO)
+/// response's `Date`; `None` when it is more than [`MAX_RESET`] ahead
+/// (epoch milliseconds read as seconds are tens of thousands of years
+/// ahead).
+fn reset_of(n: u64, headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let reset = if n < EPOCH_THRESHOLD {
+        Duration::from_secs(n)
+    } else {
+        let reference = super::retry_after::reference(headers, now);
+        SystemTime::UNIX_EPOCH
+            .checked_add(Duration::from_secs(n))
+            .and_then(|at| at.duration_since(reference).ok())
+            .unwrap_or(Duration::ZERO)
+    };
+    (reset <= MAX_RESET).then_some(reset)
 }
 
 /// The one value of a field; two that disagree are none (which proxy put

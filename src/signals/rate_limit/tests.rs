@@ -160,10 +160,8 @@ fn malformed_and_hostile_fields_are_ignored() {
         ("x-ratelimit-remaining", "5"),
     ]);
     assert_eq!(got, None);
-    // The largest values never overflow.
-    let got = read(&[("x-ratelimit-reset", "999999999999999")]).unwrap();
-    let far = Duration::from_secs(999_999_999_999_999 - 784_111_777);
-    assert_eq!(got.reset, Some(far));
+    // The largest values never overflow; so far ahead, they are no time.
+    assert_eq!(read(&[("x-ratelimit-reset", "999999999999999")]), None);
     let got = read(&[("ratelimit-policy", "a;q=5;w=0")]).unwrap();
     assert_eq!(got.quota_rate(), None);
 }
@@ -181,4 +179,43 @@ proptest::proptest! {
         }
         let _ = from_headers(&h, SystemTime::UNIX_EPOCH);
     }
+}
+
+/// With several policies, the spent one's reset is the reset, whatever
+/// the order the server lists them in (issue 29, finding 6).
+#[test]
+fn the_spent_policys_reset_wins_in_any_order() {
+    for field in [
+        r#""hour";r=50;t=3000, "second";r=0;t=1"#,
+        r#""second";r=0;t=1, "hour";r=50;t=3000"#,
+    ] {
+        let got = read(&[("ratelimit", field)]).unwrap();
+        assert_eq!((got.remaining, got.reset), (Some(0), secs(1)), "{field}");
+    }
+    // None spent: the reset of the one with the fewest units left.
+    for field in [r#"a;r=50;t=3000, b;r=2;t=1"#, r#"b;r=2;t=1, a;r=50;t=3000"#] {
+        let got = read(&[("ratelimit", field)]).unwrap();
+        assert_eq!((got.remaining, got.reset), (Some(2), secs(1)), "{field}");
+    }
+}
+
+/// A reset that cannot be a time is ignored: epoch milliseconds (read as
+/// seconds, tens of thousands of years ahead), or a Unix time years ahead
+/// (issue 29, finding 1).
+#[test]
+fn a_reset_that_cannot_be_a_time_is_ignored() {
+    for reset in ["1796158810000", "1796158810", "4102444800"] {
+        let got = read(&[
+            ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", reset),
+        ])
+        .unwrap();
+        assert_eq!((got.remaining, got.reset), (Some(0), None), "{reset}");
+    }
+    // Seconds from now are a time up to a year ahead.
+    let got = read(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "86400")]).unwrap();
+    assert_eq!(got.reset, secs(86_400));
+    let got = read(&[("ratelimit", r#"d;r=0;t=900000000"#)]).unwrap();
+    assert_eq!(got.reset, None);
 }
