@@ -131,7 +131,7 @@ pub use reqwest_middleware;
 // The vocabulary: partitions, keys, the report, errors.
 pub use vocabulary::{
     is_idempotent, ConfigError, IdempotencyKey, KeyError, KeyFormat, KeyGenerator, Partition,
-    ReportSlot, RetryReport, RetryReportExt, StopReason, MAX_KEY_LEN,
+    ReportSlot, RetryReport, RetryReportExt, Route, StopReason, MAX_KEY_LEN,
 };
 // What the server said.
 pub use signals::{

@@ -1,5 +1,5 @@
 //! The vocabulary: the words every floor speaks. A [`Partition`] (whose
-//! state a decision is about), an [`IdempotencyKey`] (what makes a request
+//! state a decision is about) and its [`Route`]s, an [`IdempotencyKey`] (what makes a request
 //! safe to send again), the [`RetryReport`] (what a call came to) and the
 //! errors of a setting or a key. Nothing here decides, waits or sends.
 //!
@@ -23,6 +23,7 @@ mod keygen;
 mod lock;
 mod partition;
 mod report;
+mod route;
 
 pub(crate) use draw::uniform;
 pub use error::{ConfigError, KeyError};
@@ -32,3 +33,4 @@ pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MA
 pub(crate) use lock::lock;
 pub use partition::Partition;
 pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
+pub use route::Route;
