@@ -179,7 +179,15 @@ async fn twenty_calls_at_five_per_second(throttle: Throttle) -> Burst {
     println!("{throttle:?}: {b:?}, load {:.2}×", b.load());
     assert_eq!(b.succeeded, 20, "{b:?}");
     assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
-    assert!(b.ended[19] <= Duration::from_secs(6), "{b:?}");
+    // Ideal: 4 s. Every 429 that says `Retry-After: 1` holds the route
+    // for that second, as the server asked, though this server would
+    // admit the next request 200 ms later: the search's few rejections
+    // cost a second each.
+    let limit = match throttle {
+        Throttle::RetryAfter => Duration::from_secs(9),
+        _ => Duration::from_secs(6),
+    };
+    assert!(b.ended[19] <= limit, "{b:?}");
     b
 }
 
@@ -207,15 +215,19 @@ async fn two_hundred_calls_at_twenty_per_second_take_near_the_ideal_time() {
     for throttle in [Throttle::RetryAfter, Throttle::Bare] {
         let server = LeakyBucket::new(20, throttle);
         let b = burst(200, seeded(), &server).await;
-        // Ideal: 200 calls at 20 per second, 10 s.
-        let in_time = b.within(Duration::from_millis(15_000));
+        // Ideal: 200 calls at 20 per second, 10 s; each 429 with
+        // `Retry-After: 1` holds the route for its second.
+        let in_time = b.within(match throttle {
+            Throttle::RetryAfter => Duration::from_secs(20),
+            _ => Duration::from_secs(15),
+        });
         println!(
-            "{throttle:?}: {}/200 succeeded, {in_time} within 15 s, last at {:?}, load {:.2}×",
+            "{throttle:?}: {}/200 succeeded, {in_time} in time, last at {:?}, load {:.2}×",
             b.succeeded,
             b.last,
             b.load()
         );
-        assert!(in_time >= 198, "{in_time}/200 within 1.5× the ideal time");
+        assert!(in_time >= 198, "{in_time}/200 in time");
         assert!(b.succeeded >= 198, "{b:?}");
     }
 }
@@ -429,15 +441,16 @@ async fn table() {
 fn one_hosts_throttling_never_paces_another() {
     use reqwest_safe_retry::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
-        Partition, RetryAdmission, RetryKind, RetryRequest,
+        Partition, RetryAdmission, RetryKind, RetryRequest, Route,
     };
     let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
     let (limited, other) = (Partition::named("limited"), Partition::named("other"));
     let now = std::time::Instant::now();
-    let throttled =
-        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(Some(Duration::from_secs(1)));
+    let throttled = AttemptRecord::new(1, None, AttemptResult::Failure)
+        .throttled(Some(Duration::from_secs(1)))
+        .too_fast();
     a.record(limited, throttled, now);
-    assert!(a.pace_rate(limited).is_some());
+    assert!(a.pace_rate(limited, Route::WHOLE).is_some());
     let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO);
     // The throttled host's retry and first attempt wait for its
     // Retry-After…
@@ -446,7 +459,7 @@ fn one_hosts_throttling_never_paces_another() {
         Admission::Paced(Duration::from_secs(1))
     );
     assert_eq!(
-        a.admit_first(limited, Duration::ZERO, now),
+        a.admit_first(limited, Route::WHOLE, Duration::ZERO, now),
         Admission::Paced(Duration::from_secs(1))
     );
     // …and then go one per slot, not as a wave.
@@ -456,17 +469,17 @@ fn one_hosts_throttling_never_paces_another() {
     };
     assert_eq!(grant.source(), GrantSource::Paced);
     assert!(matches!(
-        a.admit_first(limited, Duration::ZERO, later),
+        a.admit_first(limited, Route::WHOLE, Duration::ZERO, later),
         Admission::Paced(_)
     ));
     // The other host is neither paced nor held.
-    assert_eq!(a.pace_rate(other), None);
+    assert_eq!(a.pace_rate(other, Route::WHOLE), None);
     let Admission::Admit(grant) = a.admit(other, retry, now) else {
         panic!()
     };
     assert_eq!(grant.source(), GrantSource::Token);
     assert!(matches!(
-        a.admit_first(other, Duration::ZERO, now),
+        a.admit_first(other, Route::WHOLE, Duration::ZERO, now),
         Admission::Admit(_)
     ));
 }
@@ -546,28 +559,67 @@ async fn a_host_that_is_down_does_not_hold_new_calls_for_long() {
 fn pacing_ends_when_the_host_has_been_calm() {
     use reqwest_safe_retry::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
-        RetryAdmission,
+        RetryAdmission, Route,
     };
     let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
     let host = Partition::named("calm");
     let now = std::time::Instant::now();
     a.record(
         host,
-        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(None),
+        AttemptRecord::new(1, None, AttemptResult::Failure)
+            .throttled(None)
+            .too_fast(),
         now,
     );
-    assert!(a.pace_rate(host).is_some());
-    // Five seconds without a throttling answer or a release: a success
-    // ends the pacing, and new calls go at once.
+    assert!(a.pace_rate(host, Route::WHOLE).is_some());
+    // Five seconds without a throttling answer, nobody held back: a
+    // success ends the pacing, and new calls go at once.
     let later = now + Duration::from_secs(5);
     a.record(
         host,
         AttemptRecord::new(1, None, AttemptResult::Success),
         later,
     );
-    assert_eq!(a.pace_rate(host), None);
+    assert_eq!(a.pace_rate(host, Route::WHOLE), None);
     assert!(matches!(
-        a.admit_first(host, Duration::ZERO, later),
+        a.admit_first(host, Route::WHOLE, Duration::ZERO, later),
+        Admission::Admit(_)
+    ));
+}
+
+/// Only the server's word about the rate starts a pacing: a 429 or a
+/// spent quota. A 503 with Retry-After says "later", not "slower"; and a
+/// paced route holds no other route of its host (issue 29, findings 4
+/// and 5).
+#[test]
+fn only_a_429_or_a_spent_quota_paces_and_only_its_route() {
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
+        RetryAdmission, RetryKind, RetryRequest, Route,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let host = Partition::named("api");
+    let (search, items) = (Route::of_path("/search"), Route::of_path("/items"));
+    let now = std::time::Instant::now();
+    let later = AttemptRecord::new(1, None, AttemptResult::Failure)
+        .throttled(Some(Duration::from_secs(1)))
+        .on_route(items);
+    a.record(host, later, now);
+    assert_eq!(a.pace_rate(host, items), None, "a 503 started a pacing");
+    let too_many = later.too_fast().on_route(search);
+    a.record(host, too_many, now);
+    assert!(a.pace_rate(host, search).is_some());
+    let wait = Admission::Paced(Duration::from_secs(1));
+    assert_eq!(a.admit_first(host, search, Duration::ZERO, now), wait);
+    let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO);
+    assert_eq!(a.admit(host, retry.on_route(search), now), wait);
+    // The host's other route goes at once.
+    assert!(matches!(
+        a.admit_first(host, items, Duration::ZERO, now),
+        Admission::Admit(_)
+    ));
+    assert!(matches!(
+        a.admit(host, retry.on_route(items), now),
         Admission::Admit(_)
     ));
 }

@@ -56,7 +56,10 @@ impl Run<'_> {
         let mut now = self.started;
         loop {
             let waited = now.saturating_duration_since(self.started);
-            let wait = match policy.admission.admit_first(partition, waited, now) {
+            let wait = match policy
+                .admission
+                .admit_first(partition, self.route, waited, now)
+            {
                 Admission::Paced(wait) | Admission::Wait(wait) => wait,
                 Admission::Admit(grant) => {
                     if grant.is_paced() {
@@ -99,7 +102,7 @@ impl Run<'_> {
             policy.metrics.budget_rejected();
             return Asked::Stop(StopReason::BudgetExhausted);
         }
-        let request = RetryRequest::new(kind, waited);
+        let request = RetryRequest::new(kind, waited).on_route(self.route);
         let answer = policy.admission.admit(self.report.partition, request, now);
         if let Admission::Paced(wait) = answer {
             let left = left.map_or(wait, |left| left.saturating_sub(window));

@@ -23,6 +23,8 @@ pub struct Outcome<T> {
 pub(crate) struct Signal {
     /// A throttling answer: 429, or 503 with Retry-After.
     pub(crate) throttled: bool,
+    /// A 429: the requests came too fast.
+    pub(crate) too_fast: bool,
     /// The server's Retry-After, when throttled.
     pub(crate) retry_after: Option<Duration>,
     /// The rate-limit fields it carried.
@@ -81,13 +83,30 @@ impl Verdict {
 
 impl Signal {
     /// `record` with what the answer said of its host's rate, a throttling
-    /// answer counted.
-    pub(crate) fn onto(self, mut record: AttemptRecord, metrics: &Metrics) -> AttemptRecord {
+    /// answer counted. A hold longer than `max_hold` (the policy's
+    /// `max_retry_after`) is refused, and holds nothing: neither a
+    /// Retry-After nor a spent quota whose reset is that far.
+    pub(crate) fn onto(
+        self,
+        mut record: AttemptRecord,
+        metrics: &Metrics,
+        max_hold: Duration,
+    ) -> AttemptRecord {
+        let accepted = |d: &Duration| *d <= max_hold;
         if self.throttled {
             metrics.throttled();
-            record = record.throttled(self.retry_after);
+            record = record.throttled(self.retry_after.filter(accepted));
+            if self.too_fast {
+                record = record.too_fast();
+            }
         }
-        if let Some(rate_limit) = self.rate_limit {
+        if let Some(mut rate_limit) = self.rate_limit {
+            if rate_limit.exhausted() && rate_limit.reset.is_some_and(|r| !accepted(&r)) {
+                // A spent quota the policy will not wait for says nothing
+                // it can act on.
+                rate_limit.remaining = None;
+                rate_limit.reset = None;
+            }
             record = record.with_rate_limit(rate_limit);
         }
         record
@@ -158,6 +177,7 @@ impl<T> Outcome<T> {
     pub fn throttled(mut self) -> Self {
         if let Verdict::Transient { retry_after, .. } = self.verdict {
             self.signal.throttled = true;
+            self.signal.too_fast = true;
             self.signal.retry_after = retry_after;
         }
         self.with_kind(RetryKind::Throttled)

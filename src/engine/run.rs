@@ -42,7 +42,7 @@ use tracing::Instrument;
 
 use crate::decisions::{AttemptRecord, AttemptResult, Grant, RetryKind};
 use crate::signals::retry_after;
-use crate::vocabulary::{Partition, RetryReport, StopReason};
+use crate::vocabulary::{Partition, RetryReport, Route, StopReason};
 
 use super::deadline::{self, shorter, Limits};
 use super::outcome::{AttemptContext, Outcome, Signal, Verdict};
@@ -193,6 +193,9 @@ pub(crate) struct Run<'p> {
     pub(super) by_hint: bool,
     /// Whether the current retry has waited for a paced host's rate.
     pub(super) pacing: bool,
+    /// The route of the partition the operation is on: what a pacing is
+    /// kept for.
+    pub(crate) route: Route,
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
@@ -217,6 +220,7 @@ impl<'p> Run<'p> {
             grant: None,
             by_hint: false,
             pacing: false,
+            route: Route::WHOLE,
             traced: false,
             report: RetryReport {
                 partition,
@@ -307,8 +311,9 @@ impl<'p> Run<'p> {
         let policy = self.policy;
         let result = verdict.result();
         let record = signal.onto(
-            AttemptRecord::new(self.attempt, self.grant, result),
+            AttemptRecord::new(self.attempt, self.grant, result).on_route(self.route),
             &policy.metrics,
+            policy.settings.max_retry_after,
         );
         policy.admission.record(self.report.partition, record, now);
         if let Some(breaker) = &policy.breaker {

@@ -16,7 +16,7 @@ use crate::decisions::{
     Admission, AttemptRecord, AttemptResult, Grant, HedgeConfig, RetryKind, RetryRequest,
 };
 use crate::engine::{AttemptContext, RetryPolicy, Signal, Verdict};
-use crate::vocabulary::{BoxFuture, Partition};
+use crate::vocabulary::{BoxFuture, Partition, Route};
 
 use super::deadline_header::stamp_headers;
 use super::judge::Judge;
@@ -28,6 +28,8 @@ pub(super) struct Hedging {
     pub(super) config: HedgeConfig,
     /// The admission partition, which is also the hedger's host.
     pub(super) partition: Partition,
+    /// The request's route within it: a paced route gets no hedge.
+    pub(super) route: Route,
     pub(super) sent: AtomicU32,
     /// Of those, the ones whose answer was used.
     pub(super) won: AtomicU32,
@@ -119,7 +121,7 @@ impl Hedge<'_, '_> {
         if !policy.hedger.spend(self.hedging.partition) {
             return None;
         }
-        let ask = RetryRequest::new(RetryKind::Hedge, Duration::ZERO);
+        let ask = RetryRequest::new(RetryKind::Hedge, Duration::ZERO).on_route(self.hedging.route);
         if let Admission::Admit(grant) =
             policy
                 .admission
@@ -281,12 +283,15 @@ impl Hedge<'_, '_> {
         // the hedge's when the first copy's is returned, the first copy's
         // when the hedge's is (or the hedge's result alone when the first
         // copy never answered).
-        let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result);
+        let route = self.hedging.route;
+        let max_hold = policy.settings.max_retry_after;
+        let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result).on_route(route);
         let record = match (winner, first_seen) {
-            (Which::First, _) => hedge_signal.onto(record, &policy.metrics),
+            (Which::First, _) => hedge_signal.onto(record, &policy.metrics, max_hold),
             (Which::Hedge, Some((result, signal))) => signal.onto(
-                AttemptRecord::new(ctx.attempt(), Some(grant), result),
+                AttemptRecord::new(ctx.attempt(), Some(grant), result).on_route(route),
                 &policy.metrics,
+                max_hold,
             ),
             (Which::Hedge, None) => record,
         };

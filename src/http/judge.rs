@@ -60,6 +60,7 @@ impl Judge<'_> {
             // a date in the past says "now").
             throttled: status == 429
                 || (status == 503 && retry_after.is_some_and(|d| !d.is_zero())),
+            too_fast: status == 429,
             retry_after,
             rate_limit,
         }

@@ -24,7 +24,8 @@ use tracing::Instrument;
 
 use crate::engine::{deadline, KeyChoice, Limits, RequestOptions, RetryPolicy, Run};
 use crate::vocabulary::{
-    BoxFuture, IdempotencyKey, KeyError, Partition, ReportSlot, RetryReport, SharedKey, StopReason,
+    BoxFuture, IdempotencyKey, KeyError, Partition, ReportSlot, RetryReport, Route, SharedKey,
+    StopReason,
 };
 
 use super::attempt::HttpAttempts;
@@ -143,7 +144,9 @@ impl Middleware for RetryMiddleware {
         if let Some(config) = &hedge {
             policy.hedger.first_attempt(config, partition);
         }
+        let route = Route::of_url(request.url());
         let mut run = Run::start(policy, limits, partition);
+        run.route = route;
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
@@ -158,6 +161,7 @@ impl Middleware for RetryMiddleware {
                 Box::new(Hedging {
                     config,
                     partition,
+                    route,
                     sent: AtomicU32::new(0),
                     won: AtomicU32::new(0),
                 })

@@ -67,13 +67,14 @@
 //!
 //! # Rate-limited hosts
 //!
-//! A throttling answer (429, or 503 with a Retry-After) or a spent quota
-//! (`RateLimit: …;r=0`, `X-RateLimit-Remaining: 0`) puts a host of the
-//! [`AdaptiveAdmission`] into *pacing*, on the same partitions: its
-//! retries — and, through [`RetryAdmission::admit_first`], its first
-//! attempts — wait for release slots spaced at the rate the host accepts,
-//! none before its Retry-After or its reset ([`Admission::Paced`],
-//! [`GrantSource::Paced`]). The engine reports those waits
+//! A 429 or a spent quota (`RateLimit: …;r=0`, `X-RateLimit-Remaining:
+//! 0`) puts the [`Route`] it came from (its path, within the host's
+//! partition) of the [`AdaptiveAdmission`] into *pacing*: the route's
+//! retries, and through [`RetryAdmission::admit_first`] its first
+//! attempts, wait for release slots spaced at the rate it accepts, none
+//! before its Retry-After or its reset ([`Admission::Paced`],
+//! [`GrantSource::Paced`]). No other route of the host waits. A 503 with
+//! Retry-After paces nothing: it says "later", not "slower". The engine reports those waits
 //! ([`crate::RetryReport::rate_limit_wait`]); a wait spends no attempt.
 //! Why and how the rate is found: the `pacing` module's docs, in
 //! `src/decisions/admission/pacing.rs`.
@@ -89,7 +90,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::signals::rate_limit::RateLimit;
-use crate::vocabulary::Partition;
+use crate::vocabulary::{Partition, Route};
 
 mod adaptive;
 mod breaker;
@@ -137,8 +138,18 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// back in the attempt's [`AttemptRecord`]. `waited` is how long this
     /// first attempt has waited so far. Any other answer sends it at once.
     /// The default sends every first attempt at once.
-    fn admit_first(&self, partition: Partition, waited: Duration, now: Instant) -> Admission {
-        let _ = (partition, waited, now);
+    ///
+    /// `route` is the request's [`Route`] within the partition: a pacing
+    /// is kept for the route that was throttled, so one throttled endpoint
+    /// holds no other.
+    fn admit_first(
+        &self,
+        partition: Partition,
+        route: Route,
+        waited: Duration,
+        now: Instant,
+    ) -> Admission {
+        let _ = (partition, route, waited, now);
         Admission::Admit(Grant::new(GrantSource::Free, 0.0))
     }
 
@@ -174,12 +185,29 @@ pub enum RetryKind {
 pub struct RetryRequest {
     kind: RetryKind,
     waited: Duration,
+    route: Route,
 }
 
 impl RetryRequest {
     /// A retry of `kind` that has already waited `waited` for admission.
     pub const fn new(kind: RetryKind, waited: Duration) -> Self {
-        RetryRequest { kind, waited }
+        RetryRequest {
+            kind,
+            waited,
+            route: Route::WHOLE,
+        }
+    }
+
+    /// The same request, on `route` of its partition.
+    #[must_use]
+    pub const fn on_route(mut self, route: Route) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// The route of its partition it is on ([`Route::WHOLE`] unless said).
+    pub fn route(&self) -> Route {
+        self.route
     }
 
     /// The kind of failure it follows.
@@ -285,8 +313,10 @@ pub struct AttemptRecord {
     grant: Option<Grant>,
     result: AttemptResult,
     throttled: bool,
+    too_fast: bool,
     retry_after: Option<Duration>,
     rate_limit: Option<RateLimit>,
+    route: Route,
 }
 
 impl AttemptRecord {
@@ -298,9 +328,37 @@ impl AttemptRecord {
             grant,
             result,
             throttled: false,
+            too_fast: false,
             retry_after: None,
             rate_limit: None,
+            route: Route::WHOLE,
         }
+    }
+
+    /// The same attempt, made on `route` of its partition.
+    #[must_use]
+    pub fn on_route(mut self, route: Route) -> Self {
+        self.route = route;
+        self
+    }
+
+    /// The route of its partition it was made on.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// The throttling answer said the requests came too fast (a 429), not
+    /// only "later" (a 503 with Retry-After): only such an answer says the
+    /// rate the host accepts is lower than the rate sent.
+    #[must_use]
+    pub fn too_fast(mut self) -> Self {
+        self.too_fast = true;
+        self
+    }
+
+    /// Whether the answer said the requests came too fast.
+    pub fn was_too_fast(&self) -> bool {
+        self.too_fast
     }
 
     /// The answer was a throttling one (429, or 503 with Retry-After),

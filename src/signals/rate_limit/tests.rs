@@ -214,7 +214,11 @@ fn a_reset_that_cannot_be_a_time_is_ignored() {
         assert_eq!((got.remaining, got.reset), (Some(0), None), "{reset}");
     }
     // Seconds from now are a time up to a year ahead.
-    let got = read(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "86400")]).unwrap();
+    let got = read(&[
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-reset", "86400"),
+    ])
+    .unwrap();
     assert_eq!(got.reset, secs(86_400));
     let got = read(&[("ratelimit", r#"d;r=0;t=900000000"#)]).unwrap();
     assert_eq!(got.reset, None);

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::Partition;
+use crate::vocabulary::{Partition, Route};
 
 use super::super::{
     Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryKind,
@@ -29,11 +29,13 @@ impl RetryAdmission for AdaptiveAdmission {
         let stale = c.poll_interval.saturating_mul(WAITER_STALE_POLLS);
         self.host(partition, now, |h| {
             if retry.kind() == RetryKind::Hedge {
-                let paced = self.pace(h, now).is_some_and(|p| p.governs(now));
+                let paced = self
+                    .pace(h, retry.route(), now)
+                    .is_some_and(|p| p.governs(now));
                 return Self::admit_hedge(h, c, paced, now, stale);
             }
-            // A paced host's retries go out at its rate, not the budget's.
-            if let Some(pace) = self.pace(h, now).filter(|p| p.governs(now)) {
+            // A paced route's retries go out at its rate, not the budget's.
+            if let Some(pace) = self.pace(h, retry.route(), now).filter(|p| p.governs(now)) {
                 return Self::release(pace, now);
             }
             h.deposit(c);
@@ -112,12 +114,18 @@ impl RetryAdmission for AdaptiveAdmission {
         })
     }
 
-    fn admit_first(&self, partition: Partition, _waited: Duration, now: Instant) -> Admission {
+    fn admit_first(
+        &self,
+        partition: Partition,
+        route: Route,
+        _waited: Duration,
+        now: Instant,
+    ) -> Admission {
         let go = Admission::Admit(Grant::new(GrantSource::Free, 0.0));
         if self.paced.load(Ordering::Relaxed) == 0 {
             return go;
         }
-        self.host(partition, now, |h| match self.pace(h, now) {
+        self.host(partition, now, |h| match self.pace(h, route, now) {
             Some(pace) if pace.governs(now) => Self::release(pace, now),
             _ => go,
         })

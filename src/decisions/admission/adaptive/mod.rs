@@ -6,14 +6,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::{ConfigError, Partition};
+use crate::vocabulary::{ConfigError, Partition, Route};
 
 use super::pacing::Pace;
 use super::partitions::{Bounds, Partitions};
-use super::{Admission, AttemptRecord, AttemptResult, Grant, GrantSource};
+use super::{Admission, Grant, GrantSource};
 
 mod admit;
 mod config;
+mod paced;
 
 pub use config::AdaptiveConfig;
 
@@ -49,11 +50,12 @@ const WAITER_STALE_POLLS: u32 = 4;
 ///    waiting (a retry holds its place from its second question, so to
 ///    within a poll interval).
 ///
-/// A host that throttles (429, or 503 with Retry-After) or says its quota
-/// is spent is *paced* instead, until it has been calm for a while: its
-/// retries and its first attempts go out one per release slot, at the rate
-/// it is seen to accept, none before its Retry-After or reset; the bucket
-/// and the probes do not apply to it meanwhile.
+/// A route of a host that answers 429 or says its quota is spent is
+/// *paced* instead, until the host accepts what is sent: the route's
+/// retries and first attempts go out one per release slot, at the rate it
+/// is seen to accept, none before its Retry-After or reset; the bucket and
+/// the probes do not apply to them meanwhile. The host's other routes are
+/// not held.
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
@@ -71,11 +73,16 @@ pub struct AdaptiveAdmission {
     /// from the table is not subtracted): while none is, a first attempt's
     /// success has nothing to reset and takes no lock.
     backed_off: AtomicUsize,
-    /// Hosts being paced, at most (a host dropped from the table is not
+    /// Routes being paced, at most (a host dropped from the table is not
     /// subtracted): while none is, a first attempt takes no lock to learn
     /// that it may go.
     paced: AtomicUsize,
 }
+
+/// A host's paced routes (a `Vec` boxed once more, so that a host with
+/// none costs one pointer).
+#[derive(Debug, Default)]
+struct Paces(Vec<(Route, Pace)>);
 
 /// When the next probe may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,9 +123,10 @@ struct Host {
     /// Retries waiting, by when they started waiting, with when each last
     /// asked: the earliest one still asking goes first.
     waiters: BTreeMap<Instant, Instant>,
-    /// Pacing, while the host throttles or its quota is spent (boxed: most
-    /// hosts never need it).
-    pace: Option<Box<Pace>>,
+    /// Pacing, per route, while a route throttles or its quota is spent
+    /// (boxed: most hosts never need it, and a host's size is what
+    /// `max_partitions` bounds).
+    paces: Option<Box<Paces>>,
 }
 
 impl Host {
@@ -135,7 +143,7 @@ impl Host {
             probe_interval: c.probe_interval,
             probe_in_flight: None,
             waiters: BTreeMap::new(),
-            pace: None,
+            paces: None,
         }
     }
 
@@ -336,34 +344,6 @@ impl AdaptiveAdmission {
         self.read(partition, |h| h.probe_interval)
     }
 
-    /// The rate, requests per second, at which a paced host's requests are
-    /// released; `None` when the host is not paced.
-    pub fn pace_rate(&self, partition: Partition) -> Option<f64> {
-        self.hosts
-            .peek(partition, |h| h.pace.as_ref().map(|p| p.rate()))
-            .flatten()
-    }
-
-    /// The pacing of a host at `now`, dropped when it has ended.
-    fn pace<'h>(&self, h: &'h mut Host, now: Instant) -> Option<&'h mut Pace> {
-        if h.pace.as_ref().is_some_and(|p| p.ended(now)) {
-            h.pace = None;
-            self.paced.fetch_sub(1, Ordering::Relaxed);
-        }
-        h.pace.as_deref_mut()
-    }
-
-    /// A paced host's answer. The wait is bounded by the request's
-    /// deadline, not by `max_admission_wait`: a host that admits five
-    /// requests a second takes forty seconds for two hundred, and each
-    /// of them is worth its wait.
-    fn release(pace: &mut Pace, now: Instant) -> Admission {
-        match pace.release(now) {
-            Ok(()) => Admission::Admit(Grant::new(GrantSource::Paced, 0.0)),
-            Err(wait) => Admission::Paced(wait),
-        }
-    }
-
     /// A hedge is paid from the bucket alone, and only while no retry
     /// waits and the host is not paced: never with a probe or a released
     /// retry, so that once an outage has drained the bucket hedging adds
@@ -386,44 +366,6 @@ impl AdaptiveAdmission {
             return Admission::Admit(Grant::new(GrantSource::Hedge, c.retry_cost));
         }
         Admission::Refuse
-    }
-
-    /// What an answer says about the host's rate: throttling, a spent
-    /// quota, a success while paced.
-    fn learn(&self, partition: Partition, attempt: &AttemptRecord, now: Instant) {
-        let exhausted = attempt.rate_limit().filter(|r| r.exhausted());
-        let success = attempt.result() == AttemptResult::Success;
-        if !attempt.was_throttled()
-            && exhausted.is_none()
-            && !(success && self.paced.load(Ordering::Relaxed) > 0)
-        {
-            return;
-        }
-        let released = attempt.grant().is_some_and(|g| g.is_paced());
-        let quota_rate = attempt.rate_limit().and_then(|r| r.quota_rate());
-        let max_rate = self.config.max_release_rate;
-        self.host(partition, now, |h| {
-            if h.pace.is_none() {
-                if !attempt.was_throttled() && exhausted.is_none() {
-                    return;
-                }
-                h.pace = Some(Box::new(Pace::begin(now, quota_rate, max_rate)));
-                self.paced.fetch_add(1, Ordering::Relaxed);
-            }
-            // A pacing that has ended is dropped here too, so that a
-            // host's successes stop taking this lock once it is calm.
-            let Some(pace) = self.pace(h, now) else {
-                return;
-            };
-            if let Some(reset) = exhausted.and_then(|r| r.reset) {
-                pace.hold(now, reset);
-            }
-            if attempt.was_throttled() {
-                pace.throttled(now, released, attempt.retry_after());
-            } else if success {
-                pace.succeeded(released);
-            }
-        });
     }
 
     /// Hosts whose state is kept now (at most `max_partitions`).

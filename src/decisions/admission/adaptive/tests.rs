@@ -1,7 +1,7 @@
 //! The adaptive admission's unit tests: hedges against the bucket, the
 //! evidence and the waiting line.
 
-use super::super::{RetryAdmission, RetryKind, RetryRequest};
+use super::super::{AttemptRecord, AttemptResult, RetryAdmission, RetryKind, RetryRequest};
 use super::*;
 
 #[test]

@@ -1,0 +1,184 @@
+//! Pacing's unit tests: the rate search against a leaky bucket, holds,
+//! probes upward, and hostile numbers.
+
+use super::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+#[test]
+fn releases_are_spread_and_none_comes_before_the_hold() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, Some(5.0), 10_000.0);
+    p.hold(t0, Duration::from_secs(1));
+    assert_eq!(p.release(t0), Err(Duration::from_secs(1)));
+    let t1 = t0 + Duration::from_secs(1);
+    assert_eq!(p.release(t1), Ok(()));
+    // Everyone else waits a slot each, not one wave.
+    assert_eq!(p.release(t1), Err(ms(200)));
+    assert_eq!(p.release(t1 + ms(200)), Ok(()));
+}
+
+/// Releases `n` requests to a leaky bucket that admits one per
+/// `1 / per_second` and throttles the rest; returns the rejections.
+fn against_a_leaky_bucket(p: &mut Pace, t0: Instant, per_second: f64, n: u32) -> u32 {
+    let interval = Duration::from_secs_f64(1.0 / per_second);
+    let (mut now, mut last, mut rejected) = (t0, None::<Instant>, 0);
+    for _ in 0..n {
+        if let Err(wait) = p.release(now) {
+            now += wait;
+            p.release(now).unwrap();
+        }
+        if last.is_none_or(|l| now - l >= interval) {
+            last = Some(now);
+            p.succeeded(now, true);
+        } else {
+            rejected += 1;
+            p.throttled(now, true, true, None);
+        }
+    }
+    rejected
+}
+
+#[test]
+fn the_search_finds_a_leaky_buckets_rate_from_below_in_a_few_rejections() {
+    for per_second in [1.0, 5.0, 20.0, 333.0] {
+        let t0 = Instant::now();
+        let mut p = Pace::begin(t0, None, 10_000.0);
+        let rejected = against_a_leaky_bucket(&mut p, t0, per_second, 60);
+        // The search's steps, and a probe upward after 1 s and 10
+        // releases, then 2 s and 20, ...
+        assert!(rejected <= 9, "{per_second}/s: {rejected} rejected");
+        let rate = p.rate();
+        assert!(
+            rate <= per_second * DISCOVER_GROWTH * 1.001 && rate >= per_second * 0.9,
+            "{per_second}/s: settled at {rate}"
+        );
+        // Settled: the next 100 go through but for the rare probe upward
+        // that follows a host that lifted its limit.
+        let rejected =
+            against_a_leaky_bucket(&mut p, t0 + Duration::from_secs(600), per_second, 100);
+        assert!(
+            rejected <= 3,
+            "{per_second}/s: {rejected} rejected once settled"
+        );
+    }
+    // A published quota is the starting rate: nothing is rejected.
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, Some(5.0), 10_000.0);
+    assert_eq!(against_a_leaky_bucket(&mut p, t0, 5.0, 100), 0);
+}
+
+#[test]
+fn throttles_of_requests_sent_before_the_pacing_only_hold_it() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.throttled(t0, false, true, Some(Duration::from_secs(9)));
+    assert_eq!(p.rate(), START_RATE);
+    assert_eq!(p.release(t0 + ms(1)), Err(Duration::from_secs(9) - ms(1)));
+}
+
+#[test]
+fn a_host_that_admits_nothing_is_not_paced_after_its_hold() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.hold(t0, Duration::from_secs(1));
+    assert!(p.governs(t0));
+    let t1 = t0 + Duration::from_secs(2);
+    for i in 0..DOWN_AFTER {
+        assert!(p.governs(t1), "after {i} throttled releases");
+        p.throttled(t1, true, false, None);
+    }
+    assert!(!p.governs(t1));
+    // One success: it is rate-limited after all.
+    p.succeeded(t1, true);
+    assert!(p.governs(t1));
+}
+
+/// A 429's Retry-After holds the releases even once pacing is
+/// releasing (issue 29, finding 6).
+#[test]
+fn a_retry_after_holds_the_releases_once_they_have_begun() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, Some(10.0), 10_000.0);
+    assert_eq!(p.release(t0 + ms(100)), Ok(()));
+    let t1 = t0 + ms(110);
+    p.throttled(t1, true, true, Some(Duration::from_secs(3)));
+    assert_eq!(p.release(t1 + ms(500)), Err(ms(2_500)));
+}
+
+#[test]
+fn hostile_holds_and_rates_never_overflow() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, Some(f64::INFINITY), f64::MAX);
+    p.hold(t0, Duration::MAX);
+    assert!(p.release(t0).is_err());
+    let mut p = Pace::begin(t0, Some(1e300), 1e300);
+    for _ in 0..10_000 {
+        p.succeeded(t0, true);
+    }
+    assert!(p.release(t0).is_ok());
+    assert!(p.release(t0).is_ok() || p.release(t0).is_err());
+}
+
+/// A route whose limit lifts is followed within a few releases: after a
+/// calm probe interval the search goes upward again (issue 29, finding 3).
+#[test]
+fn a_lifted_limit_is_followed_upward() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    against_a_leaky_bucket(&mut p, t0, 5.0, 60);
+    assert!(p.rate() < 6.0, "{}", p.rate());
+    let t1 = t0 + Duration::from_secs(30);
+    // The wait before a probe has doubled with each probe refused while
+    // the limit held: at most 640 releases, here a few dozen.
+    let rejected = against_a_leaky_bucket(&mut p, t1, 200.0, 100);
+    // Found from below in the search's few steps, as at the start.
+    assert!(rejected <= 5, "{rejected} rejected");
+    assert!(p.rate() > 150.0, "still at {} after 100 releases", p.rate());
+}
+
+/// A 503 with Retry-After, whatever the rate, neither drags the rate down
+/// nor holds the releases (issue 29, finding 4); a 429's Retry-After holds
+/// them whenever it comes.
+#[test]
+fn a_503_neither_slows_the_rate_nor_holds_once_releasing() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, Some(10.0), 10_000.0);
+    assert_eq!(p.release(t0 + ms(100)), Ok(()));
+    p.throttled(t0 + ms(110), true, false, Some(Duration::from_secs(1)));
+    assert_eq!(p.rate(), 10.0);
+    assert_eq!(p.release(t0 + ms(200)), Ok(()));
+    p.throttled(t0 + ms(210), true, true, Some(Duration::from_secs(1)));
+    assert!(p.rate() < 10.0);
+    assert!(p.release(t0 + ms(900)).is_err());
+    assert_eq!(p.release(t0 + ms(1_210)), Ok(()));
+}
+
+/// The end of a hold is not the end of the pacing: the queue behind it
+/// goes out at the rate, and the pacing ends only once calm for CALM
+/// after the hold with nobody held back (issue 29, finding 2).
+#[test]
+fn pacing_outlives_its_hold_and_ends_when_nobody_waits() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.throttled(t0, false, true, Some(Duration::from_secs(6)));
+    let t6 = t0 + Duration::from_secs(6);
+    assert!(!p.ended(t6));
+    assert_eq!(p.release(t6), Ok(()));
+    assert!(
+        p.release(t6).is_err(),
+        "a second request in the same instant"
+    );
+    assert!(!p.ended(t6 + CALM - ms(1)));
+    // Asked and denied at 6 s: not before a second without a denial.
+    let t_end = t6 + CALM;
+    assert!(p.ended(t_end));
+    // Someone held back half a second before: not yet.
+    let mut q = p.clone();
+    let _ = q.release(t_end - ms(500));
+    assert!(q.release(t_end - ms(500)).is_err());
+    assert!(!q.ended(t_end));
+    assert!(q.ended(t_end + ms(500)));
+}
