@@ -184,6 +184,20 @@ async fn no_hold_outlives_max_retry_after() {
         "held {took:?} for a refused reset"
     );
 
+    // A 429 whose Retry-After the policy refuses holds its path no more.
+    let server = Server::new(|ask| match ask.nth_on_path {
+        0 => status(429).header("retry-after", "3600"),
+        _ => ok(),
+    });
+    let refused = client(policy(), &server);
+    get(&refused, "/r").await;
+    let (code, _, took) = get(&refused, "/r").await;
+    assert_eq!(code, 200);
+    assert!(
+        took < Duration::from_secs(1),
+        "held {took:?} for a refused hint"
+    );
+
     let server = Server::new(spent_until("20"));
     let held = client(policy(), &server);
     get(&held, "/q").await;

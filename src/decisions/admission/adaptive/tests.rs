@@ -105,3 +105,27 @@ fn a_hedge_never_goes_ahead_of_a_waiting_retry() {
         Admission::Admit(_)
     ));
 }
+
+/// A host whose every object is its own route keeps at most
+/// MAX_PACED_ROUTES pacings, the newest among them.
+#[test]
+fn a_host_paces_at_most_sixty_four_routes() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let p = Partition::named("many-routes");
+    let t0 = Instant::now();
+    let routes: Vec<Route> = (0..100).map(|i| Route::named(&format!("/r{i}"))).collect();
+    for (i, route) in routes.iter().enumerate() {
+        let too_many = AttemptRecord::new(1, None, AttemptResult::Failure)
+            .throttled(None)
+            .too_fast()
+            .on_route(*route);
+        a.record(p, too_many, t0 + Duration::from_millis(i as u64));
+    }
+    let paced = routes
+        .iter()
+        .filter(|r| a.pace_rate(p, **r).is_some())
+        .count();
+    assert_eq!(paced, 64);
+    assert!(a.pace_rate(p, routes[99]).is_some());
+    assert!(a.pace_rate(p, routes[0]).is_none(), "the oldest made room");
+}

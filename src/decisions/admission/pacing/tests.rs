@@ -182,3 +182,37 @@ fn pacing_outlives_its_hold_and_ends_when_nobody_waits() {
     assert!(!q.ended(t_end));
     assert!(q.ended(t_end + ms(500)));
 }
+
+/// However many 429s come, the rate never falls below one release per two
+/// seconds: a route that admits anything at all is still reached.
+#[test]
+fn the_rate_has_a_floor() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    let mut now = t0;
+    for _ in 0..12 {
+        if let Err(wait) = p.release(now) {
+            now += wait;
+            p.release(now).unwrap();
+        }
+        p.throttled(now, true, true, None);
+    }
+    assert_eq!(p.rate(), 0.5);
+}
+
+/// A 429 sets the rate back no lower than the successes per second seen
+/// since the throttling began: what the route admitted is known to work.
+#[test]
+fn a_429_never_sets_the_rate_below_what_was_admitted() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    // 16 successes in the 2 s since the throttling began: 8 per second;
+    // the best a release did was 4 per second, sent at 10.
+    for _ in 0..16 {
+        p.succeeded(t0, false);
+    }
+    p.good = Some(4.0);
+    p.slot_rate = 10.0;
+    p.throttled(t0 + Duration::from_secs(2), true, true, None);
+    assert_eq!(p.rate(), 8.0);
+}
