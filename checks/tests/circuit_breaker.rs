@@ -27,6 +27,18 @@ async fn offer(
     url: &str,
     span: Duration,
 ) -> (u32, u32) {
+    offer_every(client, clock, url, span, ms(10)).await
+}
+
+/// Sends one GET to `url` every `every` of the manual clock for `span`;
+/// returns (offered, refused by the breaker).
+async fn offer_every(
+    client: &reqwest_middleware::ClientWithMiddleware,
+    clock: &ManualClock,
+    url: &str,
+    span: Duration,
+    every: Duration,
+) -> (u32, u32) {
     let (mut offered, mut refused) = (0, 0);
     let end = clock.elapsed() + span;
     while clock.elapsed() < end {
@@ -42,7 +54,7 @@ async fn offer(
             let retry_error = RetryError::from_middleware(&err).unwrap();
             assert_eq!(retry_error.report().stop_reason(), StopReason::CircuitOpen);
         }
-        clock.advance(ms(10));
+        clock.advance(every);
     }
     (offered, refused)
 }
@@ -67,6 +79,25 @@ async fn a_dead_host_is_refused_locally_and_the_others_are_not() {
     // The healthy host, on the same client, is never refused.
     let (_, refused) = offer(&client, &clock, &healthy.uri(), Duration::from_secs(2)).await;
     assert_eq!(refused, 0);
+}
+
+/// One failed call, five seconds of quiet, then a 1 s blip of 400
+/// failing calls: a new blip, never refused (379 were, when the one old
+/// failure still counted as the start of the blip's failing stretch).
+#[tokio::test]
+async fn a_blip_after_a_few_quiet_seconds_is_never_refused() {
+    let dead = support::answering(503).await;
+    let clock = ManualClock::new();
+    let (client, _) = client(with_breaker(&clock));
+    let response = client.get(dead.uri()).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    clock.advance(Duration::from_secs(5));
+    let every = Duration::from_micros(2_500);
+    let blip = Duration::from_secs(1);
+    let (offered, refused) = offer_every(&client, &clock, &dead.uri(), blip, every).await;
+    assert_eq!(offered, 400);
+    assert_eq!(refused, 0);
+    assert_eq!(dead.received_requests().await.unwrap().len(), 401);
 }
 
 #[tokio::test]

@@ -177,7 +177,10 @@ mod tests {
     #[test]
     fn a_trailing_dot_names_the_same_host() {
         let p = |s: &str| Partition::of_url(&s.parse().unwrap());
-        assert_eq!(p("https://api.example.com./v1"), p("https://api.example.com/v1"));
+        assert_eq!(
+            p("https://api.example.com./v1"),
+            p("https://api.example.com/v1")
+        );
         assert_eq!(p("http://a.example.:8080/"), p("http://a.example:8080/"));
         let long = format!("https://{}.example.com", "a".repeat(200));
         assert_eq!(p(&format!("{long}./")), p(&format!("{long}/")));

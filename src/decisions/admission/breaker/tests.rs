@@ -105,6 +105,30 @@ fn a_blip_after_an_old_failure_is_never_refused() {
     assert_eq!(sent, offered);
 }
 
+/// One failed call, a few seconds of quiet (less than the window, so the
+/// failure is still in it), then a 1 s blip of 400 failing calls: the
+/// quiet ended the failing stretch, and the blip is a new one, never
+/// refused (379 of its 400 calls were, when the old failure's
+/// `failing_since` survived the quiet).
+#[test]
+fn a_blip_after_a_few_seconds_of_quiet_is_never_refused() {
+    for quiet in [2_000u64, 2_500, 5_000, 9_000] {
+        let t0 = Instant::now();
+        let b = breaker(t0);
+        assert!(b.allow(P, t0));
+        b.record(P, false, t0);
+        let (offered, sent) = offer(
+            &b,
+            t0 + ms(quiet),
+            Duration::from_secs(1),
+            ms(2) + Duration::from_micros(500),
+            |_| false,
+        );
+        assert_eq!(offered, 400);
+        assert_eq!(sent, offered, "after {quiet} ms of quiet");
+    }
+}
+
 #[test]
 fn a_blip_is_never_refused() {
     let t0 = Instant::now();
