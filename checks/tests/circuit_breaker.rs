@@ -4,12 +4,15 @@
 
 mod support;
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use reqwest_safe_retry::{
-    CircuitBreakerConfig, ManualClock, ReportSlot, RetryError, RetryPolicy, StopReason,
+    CircuitBreakerConfig, InheritDeadlineLayer, ManualClock, ReportSlot, RetryError, RetryPolicy,
+    StopReason,
 };
 use support::{client, ms, policy};
+use tower::{Layer, Service, ServiceExt};
 
 fn with_breaker(clock: &ManualClock) -> RetryPolicy {
     policy(clock)
@@ -98,6 +101,62 @@ async fn a_blip_after_a_few_quiet_seconds_is_never_refused() {
     assert_eq!(offered, 400);
     assert_eq!(refused, 0);
     assert_eq!(dead.received_requests().await.unwrap().len(), 401);
+}
+
+/// A call the breaker refuses inside a handler is a give-up: behind
+/// `InheritDeadlineLayer`, the handler's 503 goes out with "do not retry",
+/// so the tier's callers do not retry what its breaker refused. A call let
+/// through that failed after its one attempt is no give-up: no verdict.
+#[tokio::test]
+async fn a_refusal_inside_a_handler_answers_do_not_retry() {
+    let dead = support::answering(503).await;
+    let clock = ManualClock::new();
+    let (client, _) = client(with_breaker(&clock));
+    // Three seconds of failing calls: the host is refused now.
+    let (_, refused) = offer(&client, &clock, &dead.uri(), Duration::from_secs(3)).await;
+    assert!(refused > 0);
+    let url = dead.uri();
+    // A handler that makes one call and answers 503, naming in its body
+    // why the call stopped.
+    let handler = tower::service_fn(move |_req: http::Request<String>| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let slot = ReportSlot::new();
+            let _ = client.get(&url).with_extension(slot.clone()).send().await;
+            let reason = slot.take().unwrap().stop_reason();
+            let mut response = http::Response::new(reason.as_str().to_owned());
+            *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let mut tier = InheritDeadlineLayer::new().layer(handler);
+    // Nearly every call is refused now, about one in a few hundred let
+    // through: serve until both have been seen.
+    let (mut open, mut let_through) = (0, 0);
+    for _ in 0..3_000 {
+        if open > 0 && let_through > 0 {
+            break;
+        }
+        let request = http::Request::new(String::new());
+        let response = tier.ready().await.unwrap().call(request).await.unwrap();
+        let verdict = response.headers().get("stripe-should-retry").cloned();
+        match response.into_body().as_str() {
+            "circuit_open" => {
+                open += 1;
+                assert_eq!(verdict.unwrap(), "false");
+            }
+            "attempts_exhausted" => {
+                let_through += 1;
+                assert_eq!(verdict, None);
+            }
+            other => panic!("{other}"),
+        }
+        clock.advance(ms(10));
+    }
+    assert!(
+        open > 0 && let_through > 0,
+        "{open} refused, {let_through} sent"
+    );
 }
 
 #[tokio::test]
