@@ -159,6 +159,42 @@ async fn a_refusal_inside_a_handler_answers_do_not_retry() {
     );
 }
 
+/// A host that fails every call with "do not retry" (`503` with
+/// `Stripe-Should-Retry: false`, what every tier behind
+/// `InheritDeadlineLayer` answers when its own call gave up) is failing:
+/// the breaker refuses it as it refuses a plain 503 (0 of 800 were). A
+/// "do not retry" on an answer that is no failure of the host (a declined
+/// card's 402) is not.
+#[tokio::test]
+async fn a_host_that_answers_do_not_retry_to_everything_is_failing() {
+    for (status, failing) in [
+        (503, true),
+        (500, true),
+        (429, true),
+        (402, false),
+        (404, false),
+    ] {
+        let server = support::answering_with(
+            wiremock::ResponseTemplate::new(status).insert_header("stripe-should-retry", "false"),
+        )
+        .await;
+        let clock = ManualClock::new();
+        let (client, _) = client(with_breaker(&clock));
+        let (_, refused) = offer(&client, &clock, &server.uri(), Duration::from_secs(2)).await;
+        assert_eq!(refused, 0, "{status}: nothing is refused in the first 2 s");
+        let (offered, refused) =
+            offer(&client, &clock, &server.uri(), Duration::from_secs(6)).await;
+        if failing {
+            assert!(
+                f64::from(offered - refused) <= 0.2 * f64::from(offered),
+                "{status}: {refused} of {offered} refused"
+            );
+        } else {
+            assert_eq!(refused, 0, "{status}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_quiet_process_is_never_refused() {
     let dead = support::answering(503).await;
