@@ -141,7 +141,9 @@ impl Middleware for RetryMiddleware {
         }
         .filter(|config| config.may_hedge(request.method(), keyed));
         if let Some(config) = &hedge {
-            policy.hedger.first_attempt(config, partition);
+            policy
+                .hedger
+                .first_attempt(config, partition, policy.clock.now());
         }
         let mut run = Run::start(policy, limits, partition);
         run.traced = !span.is_disabled();
