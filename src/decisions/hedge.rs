@@ -55,7 +55,7 @@ pub struct HedgeConfig {
     pub max_delay: Duration,
     /// Latencies a host needs on record before it is hedged at all
     /// (1..=500; recent latencies weigh most, and old ones fade: the
-    /// record holds 500 to 1000 of them). Default 100.
+    /// record holds about 500 to 1000 of them). Default 100.
     pub min_samples: u32,
     /// Extra load allowed per host, as a fraction of its first attempts
     /// (0 to 1). Default 0.05: at most 5 % more requests.
