@@ -10,9 +10,9 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
-    AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource, HedgeConfig,
-    Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware, RetryPolicy,
-    RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
+    HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware,
+    RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, TokenBucketConfig,
 };
 use tokio::time::Instant;
 
@@ -953,4 +953,27 @@ async fn the_first_copys_retry_after_is_honoured_when_both_copies_fail() {
         "the retry went {:?} after the server said `Retry-After: 2` ({rep:?})",
         seen[102].at - throttled_at
     );
+}
+
+/// A paced host is never hedged: once it has throttled (a 429 with a
+/// Retry-After), a hedge is refused, though the host's bucket could still
+/// pay for it; another host's hedge is admitted. (A hedge to a host that
+/// asked for fewer requests is the one request it surely does not want.)
+#[test]
+fn a_paced_host_is_never_hedged() {
+    let admission = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let (paced, calm) = (Partition::named("paced"), Partition::named("calm"));
+    let now = std::time::Instant::now();
+    let hedge = RetryRequest::new(RetryKind::Hedge, Duration::ZERO);
+    let admitted = |p| {
+        matches!(admission.admit(p, hedge, now),
+            Admission::Admit(g) if g.source() == GrantSource::Hedge)
+    };
+    assert!(admitted(paced), "the bucket pays for a hedge");
+    let throttled =
+        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(Some(Duration::from_secs(1)));
+    admission.record(paced, throttled, now);
+    assert!(admission.pace_rate(paced).is_some(), "the host is paced");
+    assert_eq!(admission.admit(paced, hedge, now), Admission::Refuse);
+    assert!(admitted(calm));
 }

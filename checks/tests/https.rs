@@ -47,6 +47,27 @@ fn certificate(
     key: &PKey<Private>,
     issuer: Option<(&X509, &PKey<Private>)>,
 ) -> X509 {
+    leaf_or_ca(common_name, key, issuer, Leaf::default())
+}
+
+/// How a server certificate differs from a good one.
+#[derive(Default, Clone, Copy)]
+struct Leaf {
+    /// Named for `example.com`, not for 127.0.0.1.
+    wrong_name: bool,
+    /// Its validity ended yesterday.
+    expired: bool,
+    /// Self-signed, as `openssl req -x509` makes one: a CA certificate
+    /// (`CA:TRUE`) with no key usage.
+    like_openssl_req: bool,
+}
+
+fn leaf_or_ca(
+    common_name: &str,
+    key: &PKey<Private>,
+    issuer: Option<(&X509, &PKey<Private>)>,
+    leaf: Leaf,
+) -> X509 {
     let mut name = X509NameBuilder::new().unwrap();
     name.append_entry_by_text("CN", common_name).unwrap();
     let name = name.build();
@@ -58,9 +79,18 @@ fn certificate(
         .unwrap();
     cert.set_subject_name(&name).unwrap();
     cert.set_pubkey(key).unwrap();
-    cert.set_not_before(&Asn1Time::days_from_now(0).unwrap())
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let (from, to) = if leaf.expired {
+        (now - 10 * 86_400, now - 86_400)
+    } else {
+        (now - 60, now + 2 * 86_400)
+    };
+    cert.set_not_before(&Asn1Time::from_unix(from).unwrap())
         .unwrap();
-    cert.set_not_after(&Asn1Time::days_from_now(2).unwrap())
+    cert.set_not_after(&Asn1Time::from_unix(to).unwrap())
         .unwrap();
     let (issuer_name, signing_key) = match issuer {
         Some((ca, ca_key)) => {
@@ -76,25 +106,32 @@ fn certificate(
             .unwrap();
             cert.append_extension(ExtendedKeyUsage::new().server_auth().build().unwrap())
                 .unwrap();
-            let san = SubjectAlternativeName::new()
-                .ip("127.0.0.1")
-                .build(&cert.x509v3_context(Some(ca), None))
-                .unwrap();
+            let mut san = SubjectAlternativeName::new();
+            if leaf.wrong_name {
+                san.dns("example.com");
+            } else {
+                san.ip("127.0.0.1");
+            }
+            let san = san.build(&cert.x509v3_context(Some(ca), None)).unwrap();
             cert.append_extension(san).unwrap();
             (ca.subject_name(), ca_key)
         }
         None => {
             cert.append_extension(BasicConstraints::new().critical().ca().build().unwrap())
                 .unwrap();
-            cert.append_extension(
-                KeyUsage::new()
-                    .critical()
-                    .key_cert_sign()
-                    .crl_sign()
-                    .build()
-                    .unwrap(),
-            )
-            .unwrap();
+            // `openssl req -x509` sets no key usage: its certificate can
+            // serve a handshake (and the server's OpenSSL serves it).
+            if !leaf.like_openssl_req {
+                cert.append_extension(
+                    KeyUsage::new()
+                        .critical()
+                        .key_cert_sign()
+                        .crl_sign()
+                        .build()
+                        .unwrap(),
+                )
+                .unwrap();
+            }
             (name.as_ref(), key)
         }
     };
@@ -118,6 +155,15 @@ fn certificates() -> Certificates {
 /// A TLS server on 127.0.0.1 that answers its first `failures` requests
 /// 503, then 200 `ok over tls`; it counts the requests it read.
 async fn tls_server(certs: &Certificates, failures: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let (addr, requests, _) = tls_server_counting(certs, failures).await;
+    (addr, requests)
+}
+
+/// [`tls_server`], counting the connections it accepted too.
+async fn tls_server_counting(
+    certs: &Certificates,
+    failures: usize,
+) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
     let identity =
         tokio_native_tls::native_tls::Identity::from_pkcs8(&certs.server, &certs.server_key)
             .unwrap();
@@ -127,12 +173,14 @@ async fn tls_server(certs: &Certificates, failures: usize) -> (SocketAddr, Arc<A
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
-    let seen = requests.clone();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (seen, accepted) = (requests.clone(), connections.clone());
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
+            accepted.fetch_add(1, Ordering::SeqCst);
             let acceptor = acceptor.clone();
             let seen = seen.clone();
             tokio::spawn(async move {
@@ -157,7 +205,7 @@ async fn tls_server(certs: &Certificates, failures: usize) -> (SocketAddr, Arc<A
             });
         }
     });
-    (addr, requests)
+    (addr, requests, connections)
 }
 
 fn client(inner: reqwest_safe_retry::reqwest::Client, clock: &ManualClock) -> ClientWithMiddleware {
@@ -220,6 +268,213 @@ async fn a_certificate_the_client_does_not_trust_fails_the_handshake() {
         .unwrap_err();
     assert!(err.is_connect(), "{err:?}");
     assert_eq!(requests.load(Ordering::SeqCst), 0);
+}
+
+/// Calls a TLS server whose certificate is `server` (with its key) from a
+/// client that trusts only the authority `trusted`: the error, the
+/// report, and the connections the server accepted.
+#[cfg(feature = "default-tls")]
+async fn rejected(
+    server: &X509,
+    key: &PKey<Private>,
+    trusted: &X509,
+) -> (
+    reqwest_middleware::Error,
+    reqwest_safe_retry::RetryReport,
+    usize,
+) {
+    let certs = Certificates {
+        ca: trusted.to_pem().unwrap(),
+        server: server.to_pem().unwrap(),
+        server_key: key.private_key_to_pem_pkcs8().unwrap(),
+    };
+    let (addr, requests, connections) = tls_server_counting(&certs, 0).await;
+    let inner = reqwest_safe_retry::reqwest::Client::builder()
+        .tls_certs_only([reqwest_safe_retry::reqwest::Certificate::from_pem(&certs.ca).unwrap()])
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let err = client(inner, &clock)
+        .get(format!("https://{addr}/"))
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    assert_eq!(requests.load(Ordering::SeqCst), 0);
+    let report = slot.take().unwrap();
+    (err, report, connections.load(Ordering::SeqCst))
+}
+
+/// A certificate the client rejects is permanent: no second handshake
+/// will pass it, so there is one attempt, stopped as permanent (each was
+/// tried three times, as a transient connect error). The caller's error
+/// is still reqwest's connect error. Cases: an authority the client does
+/// not trust, a self-signed CA certificate served as the server's (what
+/// `openssl req -x509` makes: rustls's `CaUsedAsEndEntity`), a name that
+/// is not the host's, an expired certificate; and a handshake the server
+/// refuses.
+#[cfg(feature = "default-tls")]
+#[tokio::test]
+async fn a_certificate_the_client_rejects_is_not_retried() {
+    use reqwest_safe_retry::StopReason;
+
+    let (ca_key, server_key) = (key(), key());
+    let ca = certificate("reqwest-safe-retry test CA", &ca_key, None);
+    let other_key = key();
+    let other_ca = certificate("another CA", &other_key, None);
+    let good = leaf_or_ca(
+        "127.0.0.1",
+        &server_key,
+        Some((&ca, &ca_key)),
+        Leaf::default(),
+    );
+    let like_openssl_req = Leaf {
+        like_openssl_req: true,
+        ..Leaf::default()
+    };
+    let self_signed = leaf_or_ca("127.0.0.1", &server_key, None, like_openssl_req);
+    let wrong_name = Leaf {
+        wrong_name: true,
+        ..Leaf::default()
+    };
+    let expired = Leaf {
+        expired: true,
+        ..Leaf::default()
+    };
+    // And one the server's OpenSSL refuses to serve (a CA certificate
+    // whose key may only sign certificates): rustls reads the server's
+    // `handshake_failure` alert, which the same handshake meets again.
+    let unusable = certificate("127.0.0.1", &server_key, None);
+    let cases = [
+        ("untrusted", good.clone(), other_ca.clone()),
+        ("refused by the server", unusable.clone(), unusable),
+        ("self-signed", self_signed.clone(), self_signed),
+        (
+            "wrong name",
+            leaf_or_ca("example.com", &server_key, Some((&ca, &ca_key)), wrong_name),
+            ca.clone(),
+        ),
+        (
+            "expired",
+            leaf_or_ca("127.0.0.1", &server_key, Some((&ca, &ca_key)), expired),
+            ca.clone(),
+        ),
+    ];
+    for (case, server, trusted) in cases {
+        let (err, report, connections) = rejected(&server, &server_key, &trusted).await;
+        assert!(err.is_connect(), "{case}: {err:?}");
+        assert_eq!(report.attempts(), 1, "{case}: {err:?}");
+        assert_eq!(report.stop_reason(), StopReason::Permanent, "{case}");
+        assert_eq!(connections, 1, "{case}");
+    }
+    // The good certificate, for contrast, is accepted.
+    let (addr, requests, _) = tls_server_counting(
+        &Certificates {
+            ca: ca.to_pem().unwrap(),
+            server: good.to_pem().unwrap(),
+            server_key: server_key.private_key_to_pem_pkcs8().unwrap(),
+        },
+        0,
+    )
+    .await;
+    let inner = reqwest_safe_retry::reqwest::Client::builder()
+        .tls_certs_only([
+            reqwest_safe_retry::reqwest::Certificate::from_pem(&ca.to_pem().unwrap()).unwrap(),
+        ])
+        .build()
+        .unwrap();
+    let response = client(inner, &ManualClock::new())
+        .get(format!("https://{addr}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(requests.load(Ordering::SeqCst), 1);
+}
+
+/// The deliberate difference from reqwest-retry (README, "What behaves
+/// differently"): it retries a rejected certificate as any connect error,
+/// three handshakes for a certificate that fails each one.
+#[cfg(feature = "default-tls")]
+#[tokio::test]
+async fn reqwest_retry_tries_a_rejected_certificate_three_times() {
+    use reqwest_retry::policies::ExponentialBackoff;
+    use reqwest_retry::RetryTransientMiddleware;
+
+    let key = key();
+    let self_signed = leaf_or_ca(
+        "127.0.0.1",
+        &key,
+        None,
+        Leaf {
+            like_openssl_req: true,
+            ..Leaf::default()
+        },
+    );
+    let certs = Certificates {
+        ca: self_signed.to_pem().unwrap(),
+        server: self_signed.to_pem().unwrap(),
+        server_key: key.private_key_to_pem_pkcs8().unwrap(),
+    };
+    let (addr, _, connections) = tls_server_counting(&certs, 0).await;
+    let inner = reqwest_safe_retry::reqwest::Client::builder()
+        .tls_certs_only([reqwest_safe_retry::reqwest::Certificate::from_pem(&certs.ca).unwrap()])
+        .build()
+        .unwrap();
+    // Two retries, no waiting: reqwest-retry sleeps for real.
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(std::time::Duration::ZERO, std::time::Duration::ZERO)
+        .build_with_max_retries(2);
+    let theirs = ClientBuilder::new(inner)
+        .with(RetryTransientMiddleware::new_with_policy(policy))
+        .build();
+    let err = theirs
+        .get(format!("https://{addr}/"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("after 2 retries"), "{err}");
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+    // Ours: one handshake (`a_certificate_the_client_rejects_is_not_retried`).
+    let (_, report, connections) = rejected(&self_signed, &key, &self_signed).await;
+    assert_eq!((report.attempts(), connections), (1, 1));
+}
+
+/// A handshake the server breaks off (it accepts, then hangs up) says
+/// nothing of the certificate: transient, retried as before.
+#[cfg(feature = "default-tls")]
+#[tokio::test]
+async fn a_handshake_cut_short_is_still_retried() {
+    use reqwest_safe_retry::StopReason;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let accepted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            accepted.fetch_add(1, Ordering::SeqCst);
+            drop(tcp);
+        }
+    });
+    let certs = certificates();
+    let inner = reqwest_safe_retry::reqwest::Client::builder()
+        .tls_certs_only([reqwest_safe_retry::reqwest::Certificate::from_pem(&certs.ca).unwrap()])
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let err = client(inner, &clock)
+        .get(format!("https://{addr}/"))
+        .with_extension(slot.clone())
+        .send()
+        .await
+        .unwrap_err();
+    let report = slot.take().unwrap();
+    assert_eq!(report.attempts(), 3, "{err:?}");
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
 }
 
 #[cfg(not(any(feature = "default-tls", feature = "native-tls")))]

@@ -21,13 +21,13 @@
 //! latency tracker that gives the hedge delay with the extra-load budget.
 //! The race itself is the middleware's (`HttpAttempts::attempt`).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::Method;
 
-use crate::vocabulary::{is_idempotent, lock, ConfigError, Partition};
+use crate::vocabulary::{is_idempotent, ConfigError, Partition};
+
+use super::admission::{Bounds, Partitions};
 
 /// Hedging's settings: when a second copy of a slow request is sent.
 /// Off unless a policy ([`crate::RetryPolicyBuilder::hedge`]) or a request
@@ -54,8 +54,8 @@ pub struct HedgeConfig {
     /// The longest hedge delay. Default 1 s.
     pub max_delay: Duration,
     /// Latencies a host needs on record before it is hedged at all
-    /// (1..=500; recent latencies weigh most, so more are never kept).
-    /// Default 100.
+    /// (1..=500; recent latencies weigh most, and old ones fade: the
+    /// record holds about 500 to 1000 of them). Default 100.
     pub min_samples: u32,
     /// Extra load allowed per host, as a fraction of its first attempts
     /// (0 to 1). Default 0.05: at most 5 % more requests.
@@ -133,14 +133,21 @@ const GROWTH: f64 = 1.25;
 const WINDOW: u32 = 1000;
 /// The most hedges a host may save up.
 const MAX_TOKENS: f64 = 10.0;
-/// Hosts tracked at most; a host beyond them is not hedged.
+/// Hosts tracked at most (a multiple of the map's 16 shards); when the
+/// table is full, a host idle for `IDLE_HOST` makes room for a new one,
+/// and else the least recently used.
 const MAX_HOSTS: usize = 10_000;
+/// A host unused for this long is the first dropped when room is needed.
+const IDLE_HOST: Duration = Duration::from_secs(300);
 
 /// One host's recent latencies (a fixed-size histogram) and hedge budget.
 #[derive(Debug, Clone)]
 struct Host {
     counts: [u32; BUCKETS],
+    /// The sum of `counts`.
     total: u32,
+    /// Latencies recorded, ever (saturating): what `min_samples` asks of.
+    seen: u32,
     tokens: f64,
 }
 
@@ -149,6 +156,7 @@ impl Host {
         Host {
             counts: [0; BUCKETS],
             total: 0,
+            seen: 0,
             tokens: 0.0,
         }
     }
@@ -156,12 +164,15 @@ impl Host {
     fn record(&mut self, latency: Duration) {
         self.counts[bucket(latency)] += 1;
         self.total += 1;
+        self.seen = self.seen.saturating_add(1);
         if self.total >= WINDOW {
             self.total = 0;
-            // Rounded up, so that at least half of the window stays: every
-            // `min_samples` the settings allow is still met after halving.
+            // Rounded down, so that old latencies leave: a count of one is
+            // gone at the next halving. Rounded up, an outlier's bucket
+            // kept a count of one for ever, and 42 of them held the p95 at
+            // 155 ms among answers of 2 ms.
             for c in &mut self.counts {
-                *c = c.div_ceil(2);
+                *c /= 2;
                 self.total += *c;
             }
         }
@@ -202,64 +213,69 @@ fn upper(i: usize) -> Duration {
 
 /// The per-host latency tracker and extra-load budget, shared by every
 /// clone of a policy. Its settings come with each call, so a request's own
-/// [`HedgeConfig`] reads the same latencies.
-#[derive(Debug, Default)]
+/// [`HedgeConfig`] reads the same latencies. The table of hosts is
+/// bounded, and makes room for a new host by dropping an idle one (a
+/// table that kept its first 10 000 hosts for ever never hedged another).
+#[derive(Debug)]
 pub(crate) struct Hedger {
-    hosts: Mutex<HashMap<Partition, Host>>,
+    hosts: Partitions<Host>,
+}
+
+impl Default for Hedger {
+    fn default() -> Self {
+        Hedger {
+            hosts: Partitions::new(Bounds {
+                max: MAX_HOSTS,
+                idle: IDLE_HOST,
+            }),
+        }
+    }
 }
 
 impl Hedger {
-    /// A first attempt to `host` earns the budget its share.
-    pub(crate) fn first_attempt(&self, config: &HedgeConfig, host: Partition) {
-        self.with_host(host, |h| {
+    /// A first attempt to `host` at `now` earns the budget its share.
+    pub(crate) fn first_attempt(&self, config: &HedgeConfig, host: Partition, now: Instant) {
+        self.hosts.with(host, now, Host::new, |h| {
             h.tokens = (h.tokens + config.max_extra_load).min(MAX_TOKENS);
         });
     }
 
-    /// An attempt to `host` answered after `latency` (or was given up
-    /// after it: the latency is at least that).
-    pub(crate) fn record(&self, host: Partition, latency: Duration) {
-        self.with_host(host, |h| h.record(latency));
+    /// An attempt to `host` answered at `now` after `latency` (or was
+    /// given up after it: the latency is at least that).
+    pub(crate) fn record(&self, host: Partition, latency: Duration, now: Instant) {
+        self.hosts.with(host, now, Host::new, |h| h.record(latency));
     }
 
     /// How long to wait before hedging a request to `host`: `None` before
     /// enough samples.
     pub(crate) fn delay(&self, c: &HedgeConfig, host: Partition) -> Option<Duration> {
-        let hosts = lock(&self.hosts);
-        let h = hosts.get(&host)?;
-        if h.total < c.min_samples {
-            return None;
-        }
-        Some(
-            h.percentile(c.percentile)
-                .clamp(c.min_delay, c.max_delay.max(c.min_delay)),
-        )
+        self.hosts
+            .peek(host, |h| {
+                (h.seen >= c.min_samples).then(|| {
+                    h.percentile(c.percentile)
+                        .clamp(c.min_delay, c.max_delay.max(c.min_delay))
+                })
+            })
+            .flatten()
     }
 
-    /// Spends one hedge of `host`'s budget: `false` when none is left.
-    pub(crate) fn spend(&self, host: Partition) -> bool {
-        let mut hosts = lock(&self.hosts);
-        match hosts.get_mut(&host) {
-            Some(h) if h.tokens >= 1.0 => {
+    /// Spends one hedge of `host`'s budget at `now`: `false` when none is
+    /// left.
+    pub(crate) fn spend(&self, host: Partition, now: Instant) -> bool {
+        self.hosts.with(host, now, Host::new, |h| {
+            let left = h.tokens >= 1.0;
+            if left {
                 h.tokens -= 1.0;
-                true
             }
-            _ => false,
-        }
+            left
+        })
     }
 
     /// Gives back a hedge spent and then not sent (admission refused it).
-    pub(crate) fn refund(&self, host: Partition) {
-        self.with_host(host, |h| h.tokens = (h.tokens + 1.0).min(MAX_TOKENS));
-    }
-
-    fn with_host(&self, host: Partition, f: impl FnOnce(&mut Host)) {
-        let mut hosts = lock(&self.hosts);
-        if let Some(h) = hosts.get_mut(&host) {
-            f(h);
-        } else if hosts.len() < MAX_HOSTS {
-            f(hosts.entry(host).or_insert_with(Host::new));
-        }
+    pub(crate) fn refund(&self, host: Partition, now: Instant) {
+        self.hosts.with(host, now, Host::new, |h| {
+            h.tokens = (h.tokens + 1.0).min(MAX_TOKENS);
+        });
     }
 }
 

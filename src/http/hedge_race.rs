@@ -110,7 +110,9 @@ impl Hedge<'_, '_> {
     fn record_latency(&self) {
         let now = self.policy.clock.now();
         let latency = now.saturating_duration_since(self.started);
-        self.policy.hedger.record(self.hedging.partition, latency);
+        self.policy
+            .hedger
+            .record(self.hedging.partition, latency, now);
     }
 
     /// Asks the host's hedge budget, then the retry admission: the grant
@@ -118,18 +120,15 @@ impl Hedge<'_, '_> {
     /// when the admission refuses). A hedge asks once and never waits.
     fn admit(&self) -> Option<Grant> {
         let policy = self.policy;
-        if !policy.hedger.spend(self.hedging.partition) {
+        let now = policy.clock.now();
+        if !policy.hedger.spend(self.hedging.partition, now) {
             return None;
         }
         let ask = RetryRequest::new(RetryKind::Hedge, Duration::ZERO).on_route(self.hedging.route);
-        if let Admission::Admit(grant) =
-            policy
-                .admission
-                .admit(self.hedging.partition, ask, policy.clock.now())
-        {
+        if let Admission::Admit(grant) = policy.admission.admit(self.hedging.partition, ask, now) {
             return Some(grant);
         }
-        policy.hedger.refund(self.hedging.partition);
+        policy.hedger.refund(self.hedging.partition, now);
         None
     }
 

@@ -103,7 +103,18 @@ impl Judge<'_> {
         };
         let class = match (user, verdict_header) {
             (Some(class), _) => class,
-            (None, Some(false)) => return Verdict::stop(StopReason::ServerSaidNo),
+            (None, Some(false)) => {
+                // "Do not retry" ends the call, but speaks of retrying, not
+                // of the host: an answer the table calls transient (the
+                // 503 of a tier whose own call gave up) is still the host
+                // failing, for the breaker and admission alike (as a 503
+                // to an unkeyed POST is). A declined card's 402 is not.
+                let failed = DefaultClassifier.classify(&attempt) == Some(Class::Transient);
+                return Verdict::Stop {
+                    reason: StopReason::ServerSaidNo,
+                    failed,
+                };
+            }
             (None, Some(true)) => Class::Transient,
             (None, None) => DefaultClassifier
                 .classify(&attempt)

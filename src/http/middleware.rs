@@ -142,7 +142,9 @@ impl Middleware for RetryMiddleware {
         }
         .filter(|config| config.may_hedge(request.method(), keyed));
         if let Some(config) = &hedge {
-            policy.hedger.first_attempt(config, partition);
+            policy
+                .hedger
+                .first_attempt(config, partition, policy.clock.now());
         }
         let route = Route::of_url(request.url());
         let mut run = Run::start(policy, limits, partition);

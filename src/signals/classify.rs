@@ -23,6 +23,7 @@
 //! | 413 with a readable Retry-After | transient (RFC 9110 §15.5.14: the condition is temporary) |
 //! | every other 4xx (413 without Retry-After included); 501, 505, 506, 507, 508, 510, 511 and any other 5xx | permanent |
 //! | connect refused/failed, timeouts, a connection reset or closed before a complete response | transient |
+//! | a TLS handshake the client rejects (the server's certificate untrusted, expired, not for the host, a CA's; its protocol) | permanent |
 //! | request build, redirect-policy, body and decode errors | permanent |
 //!
 //! A server verdict (`Stripe-Should-Retry: true|false`) wins over the table;
@@ -167,7 +168,7 @@ pub fn classify_error(error: &reqwest_middleware::Error) -> Class {
         TransportFailure::Connect | TransportFailure::Timeout | TransportFailure::Interrupted => {
             Class::Transient
         }
-        TransportFailure::Other => Class::Permanent,
+        TransportFailure::TlsRejected | TransportFailure::Other => Class::Permanent,
     }
 }
 
@@ -207,6 +208,10 @@ pub(crate) enum TransportFailure {
     Timeout,
     /// The connection was reset or closed before a complete response.
     Interrupted,
+    /// The TLS handshake failed because the client rejected what the
+    /// server sent (its certificate, its protocol): no second handshake
+    /// will pass it. The request was never sent.
+    TlsRejected,
     /// Build, redirect, body or decode errors, and middleware errors.
     Other,
 }
@@ -217,6 +222,7 @@ impl TransportFailure {
             TransportFailure::Connect => "connect",
             TransportFailure::Timeout => "timeout",
             TransportFailure::Interrupted => "interrupted",
+            TransportFailure::TlsRejected => "tls_rejected",
             TransportFailure::Other => "other",
         }
     }
@@ -235,6 +241,9 @@ pub(crate) fn transport_failure(error: &reqwest_middleware::Error) -> TransportF
             io_kind(err) == Some(io::ErrorKind::ConnectionRefused)
         })
     {
+        if is_tls_rejection(e) {
+            return TransportFailure::TlsRejected;
+        }
         return TransportFailure::Connect;
     }
     if e.is_timeout() {
@@ -269,6 +278,34 @@ fn is_interrupted(e: &reqwest::Error) -> bool {
             )
         })
     })
+}
+
+/// Whether a connect error is the TLS layer rejecting the server's
+/// handshake. rustls (reqwest's default TLS) reports every such rejection
+/// (an untrusted, expired or misnamed certificate, a CA's certificate
+/// served as the server's, a protocol it does not speak, an alert the
+/// server sent) as an I/O error of kind `InvalidData`, wrapped in the
+/// connector's I/O error; nothing else in a connect does. A handshake
+/// cut short is `UnexpectedEof` or a reset instead, and a timeout a
+/// timeout: those stay transient.
+///
+/// `io::Error::source` skips the error an I/O error wraps (it answers that
+/// error's own source), so the chain is walked through `get_ref` too.
+fn is_tls_rejection(e: &reqwest::Error) -> bool {
+    let mut next = e.source();
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if io.kind() == io::ErrorKind::InvalidData {
+                return true;
+            }
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+                continue;
+            }
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// Whether any error in `e`'s `source()` chain satisfies `pred`.

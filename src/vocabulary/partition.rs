@@ -37,7 +37,9 @@ impl Partition {
     pub const SINGLE: Partition = Partition(0);
 
     /// The partition of a URL: its scheme, host and port (the known
-    /// default port when the URL names none).
+    /// default port when the URL names none). A host written in its
+    /// absolute form, with a trailing dot (`api.example.com.`), is the
+    /// same host as without it.
     pub fn of_url(url: &reqwest::Url) -> Self {
         // The digest's input is scheme, 0xff, host, 0xff, then the port
         // plus one (0 for none) in four bytes: no scheme or host holds
@@ -46,6 +48,9 @@ impl Partition {
         // once where it fits: SipHash pays for every `write`.
         let scheme = url.scheme().as_bytes();
         let host = url.host_str().unwrap_or_default().as_bytes();
+        // `api.example.com.` is the absolute form of `api.example.com`:
+        // the same host, so the same partition (a slice, no allocation).
+        let host = host.strip_suffix(b".").unwrap_or(host);
         let port = url
             .port_or_known_default()
             .map_or(0, |p| u32::from(p) + 1)
@@ -165,6 +170,22 @@ mod tests {
                 Partition::from_digest(in_pieces(scheme.as_bytes(), host.as_bytes(), port));
             assert_eq!(Partition::of_url(&url.parse().unwrap()), pieces, "{url}");
         }
+    }
+
+    /// `api.example.com.` is the absolute form of `api.example.com`
+    /// (RFC 1034 §3.1): one host, one partition, whatever its length.
+    #[test]
+    fn a_trailing_dot_names_the_same_host() {
+        let p = |s: &str| Partition::of_url(&s.parse().unwrap());
+        assert_eq!(
+            p("https://api.example.com./v1"),
+            p("https://api.example.com/v1")
+        );
+        assert_eq!(p("http://a.example.:8080/"), p("http://a.example:8080/"));
+        let long = format!("https://{}.example.com", "a".repeat(200));
+        assert_eq!(p(&format!("{long}./")), p(&format!("{long}/")));
+        // Only the one dot of the absolute form: the port still counts.
+        assert_ne!(p("https://a.example.:8443/"), p("https://a.example./"));
     }
 
     #[test]

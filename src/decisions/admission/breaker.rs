@@ -29,10 +29,13 @@
 //!   the last fifth of the window (two seconds by default) still fail more
 //!   than `1 − 1/K` of the time, or none ended there (the calls let
 //!   through hang until their timeout, or all were refused: the last
-//!   evidence stands). A failure older than the whole window is
-//!   forgotten. Refused calls are not attempts: the first success after a
-//!   host comes back lets every call through again. An attempt timeout
-//!   longer than the window weakens the breaker against a host that hangs.
+//!   evidence stands). A quiet spell (no call asked and no attempt ended
+//!   in that last fifth of the window) ends a failing stretch: the calls
+//!   after it are a new blip, however recent the last failure. A failure
+//!   older than the whole window is forgotten. Refused calls are not
+//!   attempts: the first success after a host comes back lets every call
+//!   through again. An attempt timeout longer than the window weakens the
+//!   breaker against a host that hangs.
 //!
 //! Refusals are spread out, not drawn at random: each call adds
 //! `1 − probability` to a credit and goes out when the credit reaches one,
@@ -122,6 +125,8 @@ struct Bucket {
     accepts: u32,
     /// Calls refused locally.
     refused: u32,
+    /// Calls asked about, refused or not.
+    calls: u32,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +185,7 @@ impl CircuitBreaker {
         let c = &self.config;
         let k = c.accept_multiplier;
         self.hosts.with(partition, now, Host::default, |h| {
+            h.wake(epoch);
             let window = h.counts(epoch, BUCKETS as u64);
             if window.sent == 0 {
                 // No attempt ended in the whole window: a failure from
@@ -187,6 +193,8 @@ impl CircuitBreaker {
                 // quiet is a new blip, not the old outage going on).
                 h.failing_since = None;
             }
+            let b = h.bucket(epoch);
+            b.calls = b.calls.saturating_add(1);
             let requests = window.sent.saturating_add(window.refused);
             // The recent attempts still fail, or none has ended lately:
             // the calls let through are still out (a host that hangs until
@@ -251,7 +259,21 @@ impl Host {
                 sent: sum.sent.saturating_add(b.sent),
                 accepts: sum.accepts.saturating_add(b.accepts),
                 refused: sum.refused.saturating_add(b.refused),
+                calls: sum.calls.saturating_add(b.calls),
             })
+    }
+
+    /// Called before a call is counted at `epoch`: after a quiet spell
+    /// (no call asked, no attempt ended in the `RECENT` slots ending at
+    /// `epoch`: two seconds, at least one, by default) a failing stretch
+    /// is over, and what comes now is a new one (one failure, five quiet
+    /// seconds, then a blip: the blip was refused as if the failure had
+    /// gone on all along).
+    fn wake(&mut self, epoch: u64) {
+        let lately = self.counts(epoch, RECENT);
+        if lately.calls == 0 && lately.sent == 0 {
+            self.failing_since = None;
+        }
     }
 
     /// The bucket counting `epoch`.

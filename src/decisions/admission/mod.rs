@@ -101,6 +101,8 @@ mod token_bucket;
 pub use adaptive::{AdaptiveAdmission, AdaptiveConfig};
 pub(crate) use breaker::CircuitBreaker;
 pub use breaker::CircuitBreakerConfig;
+/// The bounded per-host map, shared with the hedger's latency table.
+pub(super) use partitions::{Bounds, Partitions};
 pub use token_bucket::{TokenBucket, TokenBucketConfig};
 
 /// Decides, for every clone of a client, whether a retry may go out now.

@@ -105,6 +105,30 @@ fn a_blip_after_an_old_failure_is_never_refused() {
     assert_eq!(sent, offered);
 }
 
+/// One failed call, a few seconds of quiet (less than the window, so the
+/// failure is still in it), then a 1 s blip of 400 failing calls: the
+/// quiet ended the failing stretch, and the blip is a new one, never
+/// refused (379 of its 400 calls were, when the old failure's
+/// `failing_since` survived the quiet).
+#[test]
+fn a_blip_after_a_few_seconds_of_quiet_is_never_refused() {
+    for quiet in [2_000u64, 2_500, 5_000, 9_000] {
+        let t0 = Instant::now();
+        let b = breaker(t0);
+        assert!(b.allow(P, t0));
+        b.record(P, false, t0);
+        let (offered, sent) = offer(
+            &b,
+            t0 + ms(quiet),
+            Duration::from_secs(1),
+            ms(2) + Duration::from_micros(500),
+            |_| false,
+        );
+        assert_eq!(offered, 400);
+        assert_eq!(sent, offered, "after {quiet} ms of quiet");
+    }
+}
+
 #[test]
 fn a_blip_is_never_refused() {
     let t0 = Instant::now();
@@ -196,4 +220,50 @@ fn degenerate_settings_are_refused() {
         CircuitBreaker::new(bad, t0).unwrap_err().setting(),
         "circuit_breaker.window"
     );
+}
+
+/// Calls at `at` (ms after `t0`), each allowed and failing; then whether
+/// a call at `then` ms is allowed.
+fn fail_at_then_ask(at: impl IntoIterator<Item = u64>, then: u64) -> bool {
+    let t0 = Instant::now();
+    let b = breaker(t0);
+    for t in at {
+        assert!(b.allow(P, t0 + ms(t)), "{t} ms");
+        b.record(P, false, t0 + ms(t));
+    }
+    b.allow(P, t0 + ms(then))
+}
+
+/// Refusals begin with the `min_requests`-th request in the window (20
+/// by default), not one later: 20 failed calls in the first 2 s, and the call at 2 s is
+/// refused; with 19 it is not.
+#[test]
+fn refusals_begin_at_min_requests_exactly() {
+    let twenty = (0..20).map(|i| i * 100);
+    assert!(!fail_at_then_ask(twenty, 2_000));
+    let nineteen = (0..20).filter(|&i| i != 1).map(|i| i * 100);
+    assert!(fail_at_then_ask(nineteen, 2_000));
+}
+
+/// Refusals begin once the host has failed for `min_failing` (2 s by
+/// default) exactly, not after: failing since 0, a call at 2 s is refused, one a
+/// millisecond earlier is not.
+#[test]
+fn refusals_begin_after_min_failing_exactly() {
+    let calls = || (0..40).map(|i| i * 49);
+    assert!(!fail_at_then_ask(calls(), 2_000));
+    assert!(fail_at_then_ask(calls(), 1_999));
+}
+
+/// A host that fails exactly half of its calls is not failing (the line
+/// is "more than `1 − 1/K`", K = 2): nothing is refused, ever.
+#[test]
+fn a_host_failing_exactly_half_of_its_calls_is_never_refused() {
+    let t0 = Instant::now();
+    let b = breaker(t0);
+    // A failure first, then a success, and so on.
+    let every_other = |now: Instant| (now - t0).as_millis() % 20 == 10;
+    let (offered, sent) = offer(&b, t0, Duration::from_secs(30), ms(10), every_other);
+    assert_eq!(offered, 3_000);
+    assert_eq!(sent, offered);
 }
