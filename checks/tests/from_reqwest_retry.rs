@@ -5,14 +5,16 @@
 //! here, with the cases where both agree.
 //!
 //! reqwest-retry sleeps for real; its bounds are zero here, so it never
-//! waits. Ours runs on a manual clock.
+//! waits. Ours runs on a manual clock. The slow call runs both over a
+//! stand-in for the network, with no socket, on tokio's paused clock.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
+use http::Extensions;
 use reqwest::Method;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{
@@ -212,4 +214,133 @@ async fn a_streamed_body_is_sent_once_here_and_not_at_all_there() {
     let report = response.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.stop_reason(), StopReason::BodyNotCloneable);
     assert_eq!(requests(&server).await, 1, "sent once");
+}
+
+/// In place of the network, below either retry layer: a server that takes
+/// this long to answer, on tokio's clock (paused in the tests that use it,
+/// so nothing waits for real, and no socket is involved). Like reqwest's
+/// transport, it stops waiting at the request's own timeout, the one a
+/// retry layer set for the attempt (with an error of its own: reqwest's
+/// timeout error cannot be made outside reqwest).
+#[derive(Debug, Clone, Copy)]
+struct Takes(Duration);
+
+#[derive(Debug)]
+struct TimedOut;
+
+impl std::fmt::Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the attempt's timeout elapsed")
+    }
+}
+
+impl std::error::Error for TimedOut {}
+
+#[async_trait::async_trait]
+impl Middleware for Takes {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        match request.timeout() {
+            Some(&timeout) if timeout < self.0 => {
+                tokio::time::sleep(timeout).await;
+                Err(reqwest_middleware::Error::middleware(TimedOut))
+            }
+            _ => {
+                tokio::time::sleep(self.0).await;
+                Ok(http::Response::new("done").into())
+            }
+        }
+    }
+}
+
+/// `retry` over a server that takes `takes`: the status or the error, and
+/// how long the call took on tokio's clock.
+async fn slow_call(retry: impl Middleware, takes: Duration) -> (Result<u16, String>, Duration) {
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(retry)
+        .with(Takes(takes))
+        .build();
+    let started = tokio::time::Instant::now();
+    let result = client.get("http://api.example.test/report").send().await;
+    let outcome = result
+        .map(|r| r.status().as_u16())
+        .map_err(|e| e.to_string());
+    (outcome, started.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_32_s_call_is_cut_at_the_default_30_s_deadline_here() {
+    let slow = Duration::from_secs(32);
+    // reqwest-retry, as it comes (no total duration; reqwest's client has
+    // no timeout): the call finishes.
+    let their_policy = ExponentialBackoff::builder().build_with_max_retries(3);
+    let (outcome, took) = slow_call(
+        RetryTransientMiddleware::new_with_policy(their_policy),
+        slow,
+    )
+    .await;
+    assert_eq!((outcome, took), (Ok(200), slow));
+
+    // Ours, as it comes: the attempt gets the 30 s left as its timeout, and
+    // the call fails at 30 s, with no time for another attempt.
+    let (outcome, took) = slow_call(RetryMiddleware::new(RetryPolicy::default()), slow).await;
+    assert_eq!(outcome, Err(TimedOut.to_string()));
+    assert_eq!(took, Duration::from_secs(30));
+
+    // Turned off (`.no_deadline()`), or longer than the slowest call: it
+    // finishes as theirs does.
+    for policy in [
+        RetryPolicy::builder().no_deadline(),
+        RetryPolicy::builder().deadline(Duration::from_secs(60)),
+    ] {
+        let retry = RetryMiddleware::new(policy.build().unwrap());
+        assert_eq!(slow_call(retry, slow).await, (Ok(200), slow));
+    }
+}
+
+#[tokio::test]
+async fn the_key_and_the_time_left_go_to_every_host_here() {
+    const KEY: &str = "idempotency-key";
+    const TIME_LEFT: &str = "request-timeout-ms";
+    // A third party's API, outside your own services.
+    let third_party = answering_with(ResponseTemplate::new(201)).await;
+    let server = &third_party;
+    let sent = |i: usize| async move {
+        let received = server.received_requests().await.unwrap();
+        let has = |name: &str| received[i].headers.contains_key(name);
+        (has(KEY), has(TIME_LEFT))
+    };
+    theirs().post(third_party.uri()).send().await.unwrap();
+    assert_eq!(sent(0).await, (false, false), "reqwest-retry sends neither");
+
+    let clock = ManualClock::new();
+    ours(&clock).post(third_party.uri()).send().await.unwrap();
+    assert_eq!(sent(1).await, (true, true), "this crate, by default, both");
+
+    // Turned off for a client that calls third parties: no deadline header,
+    // and no key attached to any method.
+    let quiet = RetryPolicy::builder()
+        .no_deadline_header()
+        .idempotency_methods([])
+        .manual_clock(&clock)
+        .build()
+        .unwrap();
+    let quiet = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(quiet))
+        .build();
+    quiet.post(third_party.uri()).send().await.unwrap();
+    assert_eq!(sent(2).await, (false, false));
+
+    // Or the key off for one request.
+    ours(&clock)
+        .post(third_party.uri())
+        .with_extension(RequestOptions::new().no_idempotency_key())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent(3).await, (false, true));
 }

@@ -146,11 +146,12 @@ async fn the_header_name_is_the_layers_to_choose() {
 }
 
 /// A handler that makes a call (which gives up, or succeeds), then answers
-/// `status` (with `verdict` in `Stripe-Should-Retry`, if any).
+/// `status` with `headers` (a verdict, a Retry-After: what an upstream's
+/// answer handed on would carry).
 fn answering(
     gives_up: bool,
     status: u16,
-    verdict: Option<&'static str>,
+    headers: &'static [(&'static str, &'static str)],
 ) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> {
     tower::service_fn(move |_req: Request<String>| async move {
         let policy = RetryPolicy::builder().no_budget().build().unwrap();
@@ -164,26 +165,24 @@ fn answering(
         .await;
         let mut response = Response::new(String::new());
         *response.status_mut() = StatusCode::from_u16(status).unwrap();
-        if let Some(v) = verdict {
-            response
-                .headers_mut()
-                .insert("stripe-should-retry", v.parse().unwrap());
+        for (name, value) in headers {
+            response.headers_mut().insert(*name, value.parse().unwrap());
         }
         Ok::<_, Infallible>(response)
     })
 }
 
 async fn verdict_of(layer: InheritDeadlineLayer, gives_up: bool, status: u16) -> Option<String> {
-    verdict_with(layer, gives_up, status, None).await
+    verdict_with(layer, gives_up, status, &[]).await
 }
 
 async fn verdict_with(
     layer: InheritDeadlineLayer,
     gives_up: bool,
     status: u16,
-    own: Option<&'static str>,
+    headers: &'static [(&'static str, &'static str)],
 ) -> Option<String> {
-    let mut service = layer.layer(answering(gives_up, status, own));
+    let mut service = layer.layer(answering(gives_up, status, headers));
     let response = serve(&mut service, request(&[])).await;
     assert_eq!(response.status(), status);
     response
@@ -208,19 +207,86 @@ async fn when_a_handlers_call_gave_up_an_answer_a_client_would_retry_says_do_not
     }
     // A 503 with no call that gave up is the handler's own: retry it.
     assert_eq!(verdict_of(layer(), false, 503).await, None);
-    // The handler's own verdict is kept.
+    // A "do not retry" already there is kept.
     assert_eq!(
-        verdict_with(layer(), true, 503, Some("true"))
+        verdict_with(layer(), true, 503, &[("stripe-should-retry", "false")])
             .await
             .as_deref(),
-        Some("true")
+        Some("false")
     );
     // Turned off, or under another name.
     assert_eq!(verdict_of(layer().no_verdict(), true, 503).await, None);
     let renamed = layer().verdict_header(HeaderName::from_static("x-should-retry"));
-    let mut service = renamed.layer(answering(true, 503, None));
+    let mut service = renamed.layer(answering(true, 503, &[]));
     let response = serve(&mut service, request(&[])).await;
     assert_eq!(response.headers()["x-should-retry"], "false");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_verdict_covers_a_keyed_409_and_a_413_with_retry_after() {
+    // This crate's client retries both (a 409 when its request carried a
+    // key, which the layer cannot see: marking an unkeyed one changes
+    // nothing, the client does not retry it anyway).
+    let layer = InheritDeadlineLayer::new;
+    assert_eq!(
+        verdict_of(layer(), true, 409).await.as_deref(),
+        Some("false")
+    );
+    assert_eq!(
+        verdict_with(layer(), true, 413, &[("retry-after", "1")])
+            .await
+            .as_deref(),
+        Some("false")
+    );
+    // A 413 without a readable Retry-After is permanent: left as it is.
+    assert_eq!(verdict_of(layer(), true, 413).await, None);
+    assert_eq!(
+        verdict_with(layer(), true, 413, &[("retry-after", "soon")]).await,
+        None
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstreams_retry_verdict_is_not_passed_on_after_a_give_up() {
+    let layer = InheritDeadlineLayer::new;
+    // The upstream's "retry" handed on, on a status the table retries and
+    // on one it does not (the verdict alone makes a client retry a 404),
+    // in any form the client reads as "retry".
+    let told_to_retry: [&'static [(&str, &str)]; 2] = [
+        &[("stripe-should-retry", "true")],
+        &[("stripe-should-retry", " TRUE ")],
+    ];
+    for status in [503, 404] {
+        for upstream in told_to_retry {
+            assert_eq!(
+                verdict_with(layer(), true, status, upstream)
+                    .await
+                    .as_deref(),
+                Some("false"),
+                "{status} {upstream:?}"
+            );
+        }
+    }
+    // A value the client does not read hides nothing: a 503 is retried.
+    assert_eq!(
+        verdict_with(layer(), true, 503, &[("stripe-should-retry", "maybe")])
+            .await
+            .as_deref(),
+        Some("false")
+    );
+    // Under the layer's own name.
+    let renamed = layer().verdict_header(HeaderName::from_static("x-should-retry"));
+    let mut service = renamed.layer(answering(true, 404, &[("x-should-retry", "true")]));
+    let response = serve(&mut service, request(&[])).await;
+    assert_eq!(response.headers()["x-should-retry"], "false");
+    // A hop that did not give up (its call succeeded, or made one attempt)
+    // retried nothing: its caller is the one retry layer, and may retry.
+    assert_eq!(
+        verdict_with(layer(), false, 503, &[("stripe-should-retry", "true")])
+            .await
+            .as_deref(),
+        Some("true")
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,10 +6,10 @@ mod support;
 
 use std::net::SocketAddr;
 
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::Router;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_safe_retry::{
@@ -24,17 +24,40 @@ struct Tier {
     upstream: String,
 }
 
-/// Passes the upstream's status on; with no answer at all, `GiveUp`'s.
-async fn forward(State(tier): State<Tier>) -> Response {
+/// Headers that belong to one hop, or that the client sets itself.
+fn passed_on(name: &axum::http::HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection" | "transfer-encoding" | "host" | "content-length" | "request-timeout-ms"
+    )
+}
+
+/// As `examples/tier` does: the method, the headers (a key among them) and
+/// the body go on; the upstream's status and headers come back; with no
+/// answer at all, `GiveUp`'s.
+async fn forward(
+    State(tier): State<Tier>,
+    method: Method,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut request = tier.client.request(method, &tier.upstream).body(body);
+    for (name, value) in &headers {
+        if passed_on(name) {
+            request = request.header(name, value);
+        }
+    }
     let slot = ReportSlot::new();
-    match tier
-        .client
-        .get(&tier.upstream)
-        .with_extension(slot.clone())
-        .send()
-        .await
-    {
-        Ok(response) => response.status().into_response(),
+    match request.with_extension(slot.clone()).send().await {
+        Ok(response) => {
+            let mut out = HeaderMap::new();
+            for (name, value) in response.headers() {
+                if passed_on(name) {
+                    out.append(name, value.clone());
+                }
+            }
+            (response.status(), out).into_response()
+        }
         Err(_) => match slot.take().and_then(|r| GiveUp::for_report(&r)) {
             Some(give_up) => give_up.into_response(),
             None => StatusCode::BAD_GATEWAY.into_response(),
@@ -47,7 +70,7 @@ async fn forward(State(tier): State<Tier>) -> Response {
 async fn tier(upstream: String, layered: bool) -> SocketAddr {
     let (client, _) = client(policy(&ManualClock::new()).no_budget().build().unwrap());
     let router = Router::new()
-        .route("/", get(forward))
+        .fallback(forward)
         .with_state(Tier { client, upstream });
     let router = if layered {
         router.layer(InheritDeadlineLayer::new())
@@ -106,4 +129,51 @@ async fn a_tier_with_no_answer_to_pass_on_says_why_it_gave_up() {
     assert_eq!(status, 503);
     assert_eq!(verdict.as_deref(), Some("false"));
     assert_eq!(report.attempts(), 1);
+}
+
+/// A caller using this crate calls the outermost of three tiers in front of
+/// a database answering `answer`, once: the requests the database saw, and
+/// the caller's report.
+async fn three_tiers_deep(method: Method, answer: ResponseTemplate) -> (usize, RetryReport) {
+    let database = support::answering_with(answer).await;
+    let mut upstream = database.uri();
+    for _ in 0..3 {
+        upstream = format!("http://{}/", tier(upstream, true).await);
+    }
+    let (caller, _) = client(policy(&ManualClock::new()).no_budget().build().unwrap());
+    let response = caller.request(method, upstream).send().await.unwrap();
+    let report = response.extensions().get::<RetryReport>().unwrap().clone();
+    (database.received_requests().await.unwrap().len(), report)
+}
+
+#[tokio::test]
+async fn an_upstreams_retry_verdict_is_not_each_tiers_own() {
+    // The database says "retry": the innermost tier does, three times, and
+    // gives up; the tiers above must not pass the "retry" on (3^4 = 81).
+    let told_to_retry = ResponseTemplate::new(503).insert_header("stripe-should-retry", "true");
+    let (requests, report) = three_tiers_deep(Method::GET, told_to_retry).await;
+    assert_eq!(requests, 3, "the innermost tier's attempts");
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::ServerSaidNo);
+}
+
+#[tokio::test]
+async fn a_keyed_409_does_not_multiply() {
+    // This crate's client retries a 409 to a keyed request (a POST carries
+    // a key, which each tier passes on), so a tier that gave up on it says
+    // so.
+    let (requests, report) = three_tiers_deep(Method::POST, ResponseTemplate::new(409)).await;
+    assert!(report.idempotency_key().is_some());
+    assert_eq!((requests, report.attempts()), (3, 1), "409");
+    assert_eq!(report.stop_reason(), StopReason::ServerSaidNo);
+}
+
+#[tokio::test]
+async fn a_413_with_retry_after_does_not_multiply() {
+    // This crate's client retries a 413 with Retry-After (RFC 9110
+    // §15.5.14), waiting it out (on the manual clocks here).
+    let temporary = ResponseTemplate::new(413).insert_header("retry-after", "1");
+    let (requests, report) = three_tiers_deep(Method::PUT, temporary).await;
+    assert_eq!((requests, report.attempts()), (3, 1), "413");
+    assert_eq!(report.stop_reason(), StopReason::ServerSaidNo);
 }

@@ -265,3 +265,32 @@ fn the_reqwest_retry_section_swaps_the_middleware_and_its_policy() {
         .join("tests/from_reqwest_retry.rs")
         .exists());
 }
+
+#[test]
+fn the_reqwest_retry_section_names_the_defaults_that_reach_further() {
+    // Two defaults a migrated program meets on its first slow call or its
+    // first third-party host, each with how to turn it off, each shown side
+    // by side in the test file the section names.
+    let text = section("Coming from reqwest-retry");
+    for needed in [
+        "32 s",
+        "`.no_deadline()`",
+        "`.no_deadline_header()`",
+        "`Idempotency-Key`",
+        "`.idempotency_methods([])`",
+        "`no_idempotency_key()`",
+        "third part",
+    ] {
+        assert!(text.contains(needed), "{needed}");
+    }
+    // The header it names is the one the client sends.
+    let header = reqwest_safe_retry::DEFAULT_DEADLINE_HEADER;
+    assert!(text.to_ascii_lowercase().contains(header), "{header}");
+    let tests = include_str!("from_reqwest_retry.rs");
+    for test in [
+        "fn a_32_s_call_is_cut_at_the_default_30_s_deadline_here",
+        "fn the_key_and_the_time_left_go_to_every_host_here",
+    ] {
+        assert!(tests.contains(test), "{test}");
+    }
+}

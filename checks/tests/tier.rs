@@ -171,3 +171,23 @@ async fn only_the_innermost_tier_retries() {
     // The inner tier's three attempts; not 3 × 3 × 3.
     assert_eq!(upstream.received_requests().await.unwrap().len(), 3);
 }
+
+#[tokio::test]
+async fn an_upstreams_retry_verdict_stops_at_the_innermost_tier() {
+    // The upstream says "retry": the innermost tier does, and gives up;
+    // the tiers above must not take its "retry" on as their own (the
+    // caller's client would then retry too: up to 3^4 at the bottom).
+    let upstream = support::answering_with(
+        ResponseTemplate::new(503).insert_header("stripe-should-retry", "true"),
+    )
+    .await;
+    let tiers = chain(&upstream.uri(), 3);
+    let clock = ManualClock::new();
+    let (caller, _) = support::client(support::policy(&clock).no_budget().build().unwrap());
+    let response = caller.get(&tiers[0].url).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["stripe-should-retry"], "false");
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::ServerSaidNo);
+    assert_eq!(upstream.received_requests().await.unwrap().len(), 3);
+}

@@ -46,7 +46,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::engine::InheritedDeadline;
-use crate::signals::{classify_status, Class};
+use crate::signals::retried_by_a_keyed_client;
 
 use super::deadline_header::{time_left_in, DEFAULT_DEADLINE_HEADER};
 use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
@@ -64,12 +64,15 @@ use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 /// - A request whose time is already spent (`0`) is not run: the layer
 ///   answers `504 Gateway Timeout` with `Stripe-Should-Retry: false` and an
 ///   empty body at once.
-/// - When a call made inside the scope gave up (any stop reason but
-///   success) and the handler answers with a status a client would retry
-///   (408, 425, 429, 500, 502, 503, 504), the layer adds
-///   `Stripe-Should-Retry: false` unless the handler set that header
-///   itself: the handler's calls were the one retry layer
-///   ([`crate::GiveUp`] says why).
+/// - When a call made inside the scope gave up after retrying (or was
+///   refused its retries) and the handler answers with something this
+///   crate's client would retry — 408, 425, 429, 500, 502, 503, 504, a 409
+///   (retried when the request carried a key, which the layer cannot
+///   see), a 413 with a readable `Retry-After`, or any 4xx or 5xx whose
+///   verdict header says `true` — the layer sets `Stripe-Should-Retry:
+///   false`, replacing an upstream's `true` handed on with the answer: the
+///   handler's calls were the one retry layer ([`crate::GiveUp`] says
+///   why), and an upstream's "retry" is not this service's to give.
 ///
 /// The layer does not cut a handler short when the time runs out: the
 /// handler's calls stop by themselves, and hyper drops a handler whose
@@ -234,11 +237,10 @@ where
             } => {
                 let mut response = ready!(future.poll(cx))?;
                 if let Some(name) = verdict {
-                    let retried_by_client =
-                        classify_status(response.status(), false) == Class::Transient;
-                    if retried_by_client
-                        && scope.gave_up().is_some()
-                        && !response.headers().contains_key(&*name)
+                    // An upstream's "retry" handed on is overwritten, not
+                    // kept: this hop already retried.
+                    if scope.gave_up().is_some()
+                        && retried_by_a_keyed_client(response.status(), response.headers(), name)
                     {
                         do_not_retry(response.headers_mut(), name);
                     }

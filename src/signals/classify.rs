@@ -199,6 +199,33 @@ pub(crate) fn server_verdict(headers: &HeaderMap, name: &http::HeaderName) -> Op
     }
 }
 
+/// Whether this crate's client would retry an answer with `status` and
+/// `headers`, had its request carried a key, reading its verdict from
+/// `verdict`: what the default table retries (a 409 included), a 413 with
+/// a readable Retry-After, any 4xx or 5xx whose verdict says "retry"; not
+/// a replay, a success, or an answer whose verdict says "do not".
+///
+/// What a service whose own call gave up must mark "do not retry"
+/// (`InheritDeadlineLayer`): a status left unmarked, or an upstream's
+/// "retry" handed on, makes each caller above it retry again.
+pub(crate) fn retried_by_a_keyed_client(
+    status: StatusCode,
+    headers: &HeaderMap,
+    verdict: &http::HeaderName,
+) -> bool {
+    // A verdict on a success is not read; a replay is final.
+    if status.as_u16() < 400 || is_replay(headers) {
+        return false;
+    }
+    match server_verdict(headers, verdict) {
+        Some(retry) => retry,
+        None => {
+            classify_status(status, true) == Class::Transient
+                || (status == StatusCode::PAYLOAD_TOO_LARGE && retry_after::has_hint(headers))
+        }
+    }
+}
+
 /// What kind of transport failure an error is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TransportFailure {
@@ -363,6 +390,33 @@ mod tests {
         h.insert(&name, "true".parse().unwrap());
         h.insert("idempotent-replayed", "true".parse().unwrap());
         assert_eq!(server_verdict(&h, &name), None, "a replay has no verdict");
+    }
+
+    #[test]
+    fn what_a_keyed_client_retries() {
+        let name = http::HeaderName::from_static("stripe-should-retry");
+        let retried = |code: u16, pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in pairs {
+                h.insert(*n, v.parse().unwrap());
+            }
+            retried_by_a_keyed_client(StatusCode::from_u16(code).unwrap(), &h, &name)
+        };
+        for code in [408, 409, 425, 429, 500, 502, 503, 504] {
+            assert!(retried(code, &[]), "{code}");
+        }
+        for code in [200, 400, 404, 413, 501, 507] {
+            assert!(!retried(code, &[]), "{code}");
+        }
+        assert!(retried(413, &[("retry-after", "1")]));
+        assert!(!retried(413, &[("retry-after", "soon")]));
+        let retry = ("stripe-should-retry", "true");
+        let do_not = ("stripe-should-retry", "false");
+        assert!(retried(404, &[retry]), "the verdict wins over the table");
+        assert!(!retried(503, &[do_not]));
+        assert!(!retried(200, &[retry]), "a success's verdict is not read");
+        let replayed = ("idempotent-replayed", "true");
+        assert!(!retried(503, &[replayed, retry]), "a replay is final");
     }
 
     #[test]

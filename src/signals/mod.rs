@@ -24,5 +24,6 @@ pub use classify::{
     classify_error, classify_status, Class, Classifier, DefaultClassifier, HttpAttempt,
 };
 pub(crate) use classify::{
-    is_connect, is_timeout, server_verdict, transport_failure, TransportFailure,
+    is_connect, is_timeout, retried_by_a_keyed_client, server_verdict, transport_failure,
+    TransportFailure,
 };
