@@ -12,7 +12,8 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
     HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware,
-    RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, TokenBucketConfig,
+    RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, Route,
+    TokenBucketConfig,
 };
 use tokio::time::Instant;
 
@@ -955,25 +956,36 @@ async fn the_first_copys_retry_after_is_honoured_when_both_copies_fail() {
     );
 }
 
-/// A paced host is never hedged: once it has throttled (a 429 with a
-/// Retry-After), a hedge is refused, though the host's bucket could still
-/// pay for it; another host's hedge is admitted. (A hedge to a host that
-/// asked for fewer requests is the one request it surely does not want.)
+/// A paced route is never hedged: once it has throttled (a 429 with a
+/// Retry-After), a hedge to it is refused, though the host's bucket could
+/// still pay for it; a hedge to another route of the host, or to another
+/// host, is admitted. (A hedge to a route that asked for fewer requests is
+/// the one request it surely does not want.)
 #[test]
-fn a_paced_host_is_never_hedged() {
+fn a_paced_route_is_never_hedged() {
     let admission = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
     let (paced, calm) = (Partition::named("paced"), Partition::named("calm"));
+    let (search, items) = (Route::of_path("/search"), Route::of_path("/items"));
     let now = std::time::Instant::now();
     let hedge = RetryRequest::new(RetryKind::Hedge, Duration::ZERO);
-    let admitted = |p| {
-        matches!(admission.admit(p, hedge, now),
+    let admitted = |p, route| {
+        matches!(admission.admit(p, hedge.on_route(route), now),
             Admission::Admit(g) if g.source() == GrantSource::Hedge)
     };
-    assert!(admitted(paced), "the bucket pays for a hedge");
-    let throttled =
-        AttemptRecord::new(1, None, AttemptResult::Failure).throttled(Some(Duration::from_secs(1)));
+    assert!(admitted(paced, search), "the bucket pays for a hedge");
+    let throttled = AttemptRecord::new(1, None, AttemptResult::Failure)
+        .throttled(Some(Duration::from_secs(1)))
+        .too_fast()
+        .on_route(search);
     admission.record(paced, throttled, now);
-    assert!(admission.pace_rate(paced).is_some(), "the host is paced");
-    assert_eq!(admission.admit(paced, hedge, now), Admission::Refuse);
-    assert!(admitted(calm));
+    assert!(
+        admission.pace_rate(paced, search).is_some(),
+        "the route is paced"
+    );
+    assert_eq!(
+        admission.admit(paced, hedge.on_route(search), now),
+        Admission::Refuse
+    );
+    assert!(admitted(paced, items));
+    assert!(admitted(calm, search));
 }

@@ -14,7 +14,6 @@ use super::{Admission, Grant, GrantSource};
 
 mod admit;
 mod config;
-mod paced;
 
 pub use config::AdaptiveConfig;
 
