@@ -259,7 +259,12 @@ impl AdaptiveAdmission {
     /// What an answer says about its route's rate: throttling, a spent
     /// quota, a success while paced.
     pub(super) fn learn(&self, partition: Partition, attempt: &AttemptRecord, now: Instant) {
-        let exhausted = attempt.rate_limit().filter(|r| r.exhausted());
+        // A spent quota says something only with a reset to hold until:
+        // one with none, or one that is no time (epoch milliseconds), holds
+        // nothing; the route's next 429, if it comes, speaks for itself.
+        let exhausted = attempt
+            .rate_limit()
+            .filter(|r| r.exhausted() && r.reset.is_some());
         let success = attempt.result() == AttemptResult::Success;
         if !attempt.was_throttled()
             && exhausted.is_none()
