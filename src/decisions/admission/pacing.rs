@@ -40,7 +40,12 @@
 //! that failed, until the two are within [`CONVERGED`]. Only a 429 says the
 //! rate was too high: a 503, whatever the rate, drags nothing down. A 429
 //! sets the rate back to the highest that worked below it, and never below
-//! the successes per second seen since the throttling began. Once no 429
+//! the successes per second seen since the throttling began. A 429 to a
+//! release at a rate the route had already admitted contradicts the
+//! search; after [`UNRELATED_AFTER`] of them the 429s are not about the
+//! rate (a balancer answering one request in two so, whatever the rate):
+//! the rate goes back to the best that worked and the route is no longer
+//! paced or held by them, its retries the outage admission's. Once no 429
 //! has come for a probe interval (1 s and [`PROBE_RELEASES`] releases,
 //! both doubling each time the probe is told "too many", back when it is
 //! not), the search goes upward again, so that a host that lifted its limit is followed within a few
@@ -126,7 +131,22 @@ pub(super) struct Pace {
     last_denied: Option<Instant>,
     /// The highest rate.
     max_rate: f64,
+    /// The highest rate at which a released request ever succeeded here
+    /// (`good` forgets it when a 429 comes at or below it).
+    peak: Option<f64>,
+    /// 429s to releases sent at a rate the route had already admitted.
+    contradictions: u32,
+    /// Whether the 429s are seen not to follow the rate: then they say
+    /// "failing anyway", as a 503 does, and neither pace nor hold.
+    unrelated: bool,
 }
+
+/// 429s at a rate the route had already admitted, after which its 429s
+/// are taken as not about the rate. A server that limits the rate admits
+/// a rate that worked until it lowers its limit, and once the rate has
+/// followed it down they stop; a balancer that answers one request in
+/// two 429 whatever the rate contradicts every rate it admitted.
+const UNRELATED_AFTER: u32 = 3;
 
 /// `now + d`, or `None` when not representable.
 fn after(now: Instant, d: Duration) -> Option<Instant> {
@@ -170,6 +190,9 @@ impl Pace {
 
             last_denied: None,
             max_rate,
+            peak: None,
+            contradictions: 0,
+            unrelated: false,
         }
     }
 
@@ -208,17 +231,28 @@ impl Pace {
         self.quiet_since = self.quiet_since.max(now);
         // A 429's "later" holds the route. A 503's is that call's own
         // floor: a 503 now and then would otherwise hold the route for
-        // ever.
-        if let Some(hint) = hint.filter(|_| too_fast) {
+        // ever; and so is a 429's once they are seen not to follow the
+        // rate.
+        if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated) {
             self.hold(now, hint);
         }
         if !released {
             return;
         }
         self.throttled_releases = self.throttled_releases.saturating_add(1);
-        if !too_fast {
+        if !too_fast || self.unrelated {
             // Failing anyway, whatever the rate: nothing to learn.
             return;
+        }
+        if self.good.is_some_and(|g| self.slot_rate <= g) {
+            self.contradictions += 1;
+            if self.contradictions >= UNRELATED_AFTER {
+                // Back to the best rate that worked, and no longer paced.
+                self.unrelated = true;
+                self.hold = None;
+                self.rate = self.rate.max(self.peak.unwrap_or(START_RATE));
+                return;
+            }
         }
         if self.probing {
             self.probe_level = (self.probe_level + 1).min(MAX_PROBE_LEVEL);
@@ -257,6 +291,7 @@ impl Pace {
         }
         let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
         self.good = Some(good);
+        self.peak = Some(self.peak.map_or(good, |p| p.max(good)));
         self.calm_releases = self.calm_releases.saturating_add(1);
         if self.bad.is_some_and(|b| good >= b) {
             // Through at a rate that was told "too many": the limit lifted.
@@ -286,11 +321,11 @@ impl Pace {
     /// admits nothing, answering 503 with Retry-After after its 429s, is
     /// down, not rate-limited; its new calls are not held, and its retries
     /// are the outage admission's (bucket, probes, release) until it
-    /// admits one.
+    /// admits one. Nor once its 429s are seen not to follow the rate
+    /// ([`UNRELATED_AFTER`]), but for a spent quota's hold.
     pub(super) fn governs(&self, now: Instant) -> bool {
         self.hold.is_some_and(|h| h > now)
-            || self.successes > 0
-            || self.throttled_releases < DOWN_AFTER
+            || (!self.unrelated && (self.successes > 0 || self.throttled_releases < DOWN_AFTER))
     }
 
     /// Whether pacing is over at `now`: no throttling answer for [`CALM`]

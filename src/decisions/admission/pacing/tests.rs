@@ -216,3 +216,36 @@ fn a_429_never_sets_the_rate_below_what_was_admitted() {
     p.throttled(t0 + Duration::from_secs(2), true, true, None);
     assert_eq!(p.rate(), 8.0);
 }
+
+/// 429s that do not follow the rate (a balancer answering every other
+/// request so, whatever the rate) contradict the rates the route admitted:
+/// after three of them the route is no longer paced, at the best rate that
+/// worked, and a 429's Retry-After no longer holds it. A leaky bucket's
+/// 429s never come at a rate it admitted (the search test above).
+#[test]
+fn a_429_whatever_the_rate_ends_the_pacing() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    let mut now = t0;
+    let mut governed = Vec::new();
+    for i in 0..40 {
+        if !p.governs(now) {
+            break;
+        }
+        if let Err(wait) = p.release(now) {
+            now += wait;
+            p.release(now).unwrap();
+        }
+        if i % 2 == 0 {
+            p.succeeded(now, true);
+        } else {
+            p.throttled(now, true, true, None);
+        }
+        governed.push(p.rate());
+    }
+    assert!(!p.governs(now), "still paced at {governed:?}");
+    assert!(governed.len() <= 8, "paced for {governed:?}");
+    assert!(p.rate() >= START_RATE, "left at {}", p.rate());
+    p.throttled(now, false, true, Some(Duration::from_secs(5)));
+    assert!(!p.governs(now + ms(1)), "a 429's hint holds it again");
+}
