@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Extensions;
 use proptest::prelude::*;
-use proptest::test_runner::{RngSeed, TestRunner};
+use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
 use reqwest::{Method, Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
@@ -488,6 +488,18 @@ fn add(to: &mut (usize, Duration, Duration), pair: (usize, Duration, Duration)) 
 }
 
 impl Verdict {
+    /// The calls worse beyond every deliberate difference, if any.
+    fn worse(&self) -> Option<String> {
+        (!self.violations.is_empty()).then(|| {
+            format!(
+                "{} of {} calls worse than reqwest-retry:\n{}",
+                self.violations.len(),
+                self.calls,
+                self.violations.join("\n")
+            )
+        })
+    }
+
     fn merge(&mut self, v: Verdict) {
         self.calls += v.calls;
         self.slower += v.slower;
@@ -650,17 +662,12 @@ fn compare(script: &Script, seed: u64) -> Verdict {
     })
 }
 
-fn assert_never_worse(name: &str, script: &Script) -> Verdict {
+fn assert_never_worse(name: &str, script: &Script) {
     let v = compare(script, 7);
     println!("{name}: {v}");
-    assert!(
-        v.violations.is_empty(),
-        "{name}: {} of {} calls worse than reqwest-retry:\n{}",
-        v.violations.len(),
-        v.calls,
-        v.violations.join("\n")
-    );
-    v
+    if let Some(worse) = v.worse() {
+        panic!("{name}: {worse}");
+    }
 }
 
 /// Issue 29's table. The healthy paths are `/items` and `/orders`.
@@ -972,13 +979,9 @@ fn generated_scripts_are_never_worse() {
     let scripts = std::cell::Cell::new(0u32);
     let result = TestRunner::new(config).run(&(script(), any::<u64>()), |(script, seed)| {
         let v = compare(&script, seed);
-        prop_assert!(
-            v.violations.is_empty(),
-            "{} of {} calls worse than reqwest-retry:\n{}",
-            v.violations.len(),
-            v.calls,
-            v.violations.join("\n")
-        );
+        if let Some(worse) = v.worse() {
+            return Err(TestCaseError::fail(worse));
+        }
         scripts.set(scripts.get() + 1);
         totals.borrow_mut().merge(v);
         Ok(())
