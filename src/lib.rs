@@ -141,8 +141,8 @@ pub use signals::{
 // The decisions.
 pub use decisions::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Backoff,
-    CircuitBreakerConfig, Grant, GrantSource, HedgeConfig, Jitter, NoAdmission, RetryAdmission,
-    RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+    CircuitBreakerConfig, FirstAttemptPacing, Grant, GrantSource, HedgeConfig, Jitter, NoAdmission,
+    RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
 };
 // The engine.
 #[cfg(feature = "metrics")]

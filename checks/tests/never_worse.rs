@@ -837,6 +837,31 @@ fn named() -> Vec<(&'static str, Script)> {
                 10,
             ),
         ),
+        (
+            "a host-wide 429 spell, then one path answers 429 + Retry-After to every third request",
+            Script {
+                until: Some((
+                    Duration::from_millis(24),
+                    Reply::status(429).with("retry-after", Value::DateIn(0)),
+                )),
+                ..script(
+                    vec![
+                        PathScript::answering(
+                            "/bad",
+                            vec![
+                                Reply::ok(),
+                                Reply::status(429).with("retry-after", Value::DateIn(1)),
+                                Reply::ok(),
+                            ],
+                            true,
+                        ),
+                        PathScript::healthy("/items"),
+                    ],
+                    41,
+                    10,
+                )
+            },
+        ),
     ]
 }
 
@@ -861,6 +886,7 @@ named_case!(conflicts_and_large_bodies, 7);
 named_case!(a_slow_path, 8);
 named_case!(one_paths_quota_spent, 9);
 named_case!(a_spent_quota_whose_reset_is_no_time, 10);
+named_case!(a_path_throttled_whatever_the_rate, 11);
 
 // --- generated scripts ---
 

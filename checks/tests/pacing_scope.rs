@@ -290,38 +290,56 @@ async fn failures_unrelated_to_the_rate_do_not_slow_the_host() {
 }
 
 /// Finding 2: when a hold ends, the calls queued behind it go out spread
-/// at the host's rate, never as one wave.
+/// at the host's rate, never as one wave: new calls held by a spent quota
+/// (the default holds them only then), and with `.pace_first_attempts(true)`
+/// new calls held by a 429's Retry-After.
 #[tokio::test(start_paused = true)]
 async fn a_long_hold_ends_in_a_steady_release() {
-    let server = Server::new(|ask| match ask.nth_on_path {
-        0 => status(429).header("retry-after", "6"),
-        _ => ok(),
-    });
-    let client = client(seeded(), &server);
-    get(&client, "/orders").await;
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..30 {
-        let client = client.clone();
-        set.spawn(async move { get(&client, "/orders").await });
-    }
-    while let Some(joined) = set.join_next().await {
-        assert_eq!(joined.unwrap().0, 200);
-    }
-    let arrivals = server.arrivals_on("/orders");
-    let after_hold: Vec<Duration> = arrivals
-        .iter()
-        .copied()
-        .filter(|t| *t >= Duration::from_secs(6))
-        .collect();
-    assert!(after_hold.len() >= 30, "{arrivals:?}");
-    // The first releases are a whole interval of the starting rate apart,
-    // and no two requests ever go out in the same instant.
-    assert!(
-        after_hold[1] - after_hold[0] >= Duration::from_millis(400),
-        "{after_hold:?}"
-    );
-    for pair in after_hold.windows(2) {
-        assert!(pair[1] > pair[0], "a wave at {:?}: {after_hold:?}", pair[0]);
+    let spent = || {
+        ok().header("x-ratelimit-remaining", "0")
+            .header("x-ratelimit-reset", "6")
+    };
+    let throttled = || status(429).header("retry-after", "6");
+    let paced_first = || {
+        RetryPolicy::builder()
+            .seed(7)
+            .pace_first_attempts(true)
+            .build()
+            .unwrap()
+    };
+    type Case = (fn() -> Answer, fn() -> RetryPolicy);
+    let cases: [Case; 2] = [(spent, seeded), (throttled, paced_first)];
+    for (first, policy) in cases {
+        let server = Server::new(move |ask| match ask.nth_on_path {
+            0 => first(),
+            _ => ok(),
+        });
+        let client = client(policy(), &server);
+        get(&client, "/orders").await;
+        let mut set = tokio::task::JoinSet::new();
+        for _ in 0..30 {
+            let client = client.clone();
+            set.spawn(async move { get(&client, "/orders").await });
+        }
+        while let Some(joined) = set.join_next().await {
+            assert_eq!(joined.unwrap().0, 200);
+        }
+        let arrivals = server.arrivals_on("/orders");
+        let after_hold: Vec<Duration> = arrivals
+            .iter()
+            .copied()
+            .filter(|t| *t >= Duration::from_secs(6))
+            .collect();
+        assert!(after_hold.len() >= 30, "{arrivals:?}");
+        // The first releases are a whole interval of the starting rate
+        // apart, and no two requests ever go out in the same instant.
+        assert!(
+            after_hold[1] - after_hold[0] >= Duration::from_millis(400),
+            "{after_hold:?}"
+        );
+        for pair in after_hold.windows(2) {
+            assert!(pair[1] > pair[0], "a wave at {:?}: {after_hold:?}", pair[0]);
+        }
     }
 }
 

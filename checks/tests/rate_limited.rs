@@ -9,8 +9,15 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
+use reqwest_safe_retry::{
+    FirstAttemptPacing, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
+};
 use tokio::time::Instant;
+
+/// First attempts paced by every pacing (`.pace_first_attempts(true)`).
+const ALWAYS: FirstAttemptPacing = FirstAttemptPacing::Always;
+/// The default: first attempts held only by a spent quota.
+const SPENT_QUOTA: FirstAttemptPacing = FirstAttemptPacing::SpentQuota;
 
 /// What the server answers when it throttles.
 #[derive(Debug, Clone, Copy)]
@@ -173,9 +180,18 @@ fn seeded() -> RetryPolicy {
     RetryPolicy::builder().seed(7).build().unwrap()
 }
 
+/// First attempts paced too: the opt-in for bursts.
+fn paced_first() -> RetryPolicy {
+    RetryPolicy::builder()
+        .seed(7)
+        .pace_first_attempts(true)
+        .build()
+        .unwrap()
+}
+
 async fn twenty_calls_at_five_per_second(throttle: Throttle) -> Burst {
     let server = LeakyBucket::new(5, throttle);
-    let b = burst(20, seeded(), &server).await;
+    let b = burst(20, paced_first(), &server).await;
     println!("{throttle:?}: {b:?}, load {:.2}×", b.load());
     assert_eq!(b.succeeded, 20, "{b:?}");
     assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
@@ -208,13 +224,19 @@ async fn twenty_calls_at_five_per_second_without_retry_after_all_get_through() {
 #[tokio::test(start_paused = true)]
 async fn twenty_calls_against_a_spent_quota_wait_for_its_reset() {
     twenty_calls_at_five_per_second(Throttle::RateLimitFields).await;
+    // With the default too: the server's numbers say the quota is spent,
+    // so new calls wait for its reset and go out at its published rate.
+    let server = LeakyBucket::new(5, Throttle::RateLimitFields);
+    let b = burst(20, seeded(), &server).await;
+    assert_eq!(b.succeeded, 20, "{b:?}");
+    assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
 }
 
 #[tokio::test(start_paused = true)]
 async fn two_hundred_calls_at_twenty_per_second_take_near_the_ideal_time() {
     for throttle in [Throttle::RetryAfter, Throttle::Bare] {
         let server = LeakyBucket::new(20, throttle);
-        let b = burst(200, seeded(), &server).await;
+        let b = burst(200, paced_first(), &server).await;
         // Ideal: 200 calls at 20 per second, 10 s; each 429 with
         // `Retry-After: 1` holds the route for its second.
         let in_time = b.within(match throttle {
@@ -253,7 +275,7 @@ async fn without_pacing_the_same_burst_loses_calls() {
 #[tokio::test(start_paused = true)]
 async fn the_report_and_the_metrics_say_who_waited_for_the_servers_rate() {
     let server = LeakyBucket::new(5, Throttle::RetryAfter);
-    let policy = seeded();
+    let policy = paced_first();
     let b = burst(20, policy.clone(), &server).await;
     let m = policy.metrics().snapshot();
     // The throttling answers are counted apart from failures.
@@ -265,18 +287,23 @@ async fn the_report_and_the_metrics_say_who_waited_for_the_servers_rate() {
     assert!(b.longest_wait >= Duration::from_secs(4), "{b:?}");
 }
 
+/// The default paces a 429's retries, never its new calls: a call the
+/// caller would have made without a retry layer is not held on a guess
+/// about the server's rate (issue 29).
 #[tokio::test(start_paused = true)]
-async fn first_attempts_can_be_left_unpaced() {
+async fn a_429_paces_retries_not_new_calls() {
     let server = LeakyBucket::new(5, Throttle::RetryAfter);
-    let policy = RetryPolicy::builder()
-        .seed(7)
-        .pace_first_attempts(false)
-        .build()
-        .unwrap();
-    let b = burst(20, policy, &server).await;
+    let policy = seeded();
+    let b = burst(20, policy.clone(), &server).await;
     // Every first attempt went at once (19 rejected); the retries are paced.
     assert!(b.arrivals >= 39, "{b:?}");
     assert!(b.succeeded >= 18, "{b:?}");
+    // A new call after the burst, while the route is still paced, goes at
+    // once.
+    let client = client(policy, &server);
+    let r = client.get("http://limited.example/").send().await.unwrap();
+    let report = r.retry_report().unwrap();
+    assert!(!report.waited_for_rate_limit(), "{report:?}");
 }
 
 /// A server that answers 200 with `X-RateLimit-Remaining: 0` and a reset
@@ -330,21 +357,6 @@ async fn a_host_with_no_quota_left_gets_no_request_until_its_reset() {
     // Another host is not held.
     let other = client.get("http://other.example/").send().await.unwrap();
     assert!(!other.retry_report().unwrap().waited_for_rate_limit());
-    // Opted out, a first attempt goes at once.
-    let unpaced = ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(
-            RetryPolicy::builder()
-                .seed(7)
-                .pace_first_attempts(false)
-                .build()
-                .unwrap(),
-        ))
-        .with(server.clone())
-        .build();
-    for _ in 0..2 {
-        let r = unpaced.get("http://quota.example/").send().await.unwrap();
-        assert!(!r.retry_report().unwrap().waited_for_rate_limit());
-    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -398,14 +410,8 @@ async fn a_reset_beyond_the_deadline_is_not_waited_for() {
 async fn table() {
     type Make = fn() -> RetryPolicy;
     let policies: [(&str, Make); 3] = [
-        ("default (paced)", seeded),
-        ("first attempts unpaced", || {
-            RetryPolicy::builder()
-                .seed(7)
-                .pace_first_attempts(false)
-                .build()
-                .unwrap()
-        }),
+        ("default (retries paced)", seeded),
+        ("`.pace_first_attempts(true)`", paced_first),
         ("no admission (no pacing)", || {
             RetryPolicy::builder().seed(7).no_budget().build().unwrap()
         }),
@@ -459,9 +465,14 @@ fn one_hosts_throttling_never_paces_another() {
         Admission::Paced(Duration::from_secs(1))
     );
     assert_eq!(
-        a.admit_first(limited, Route::WHOLE, Duration::ZERO, now),
+        a.admit_first(limited, Route::WHOLE, ALWAYS, Duration::ZERO, now),
         Admission::Paced(Duration::from_secs(1))
     );
+    // (By default a 429 holds no first attempt: only a spent quota does.)
+    assert!(matches!(
+        a.admit_first(limited, Route::WHOLE, SPENT_QUOTA, Duration::ZERO, now),
+        Admission::Admit(g) if g.source() == GrantSource::Free
+    ));
     // …and then go one per slot, not as a wave.
     let later = now + Duration::from_secs(1);
     let Admission::Admit(grant) = a.admit(limited, retry, later) else {
@@ -469,7 +480,7 @@ fn one_hosts_throttling_never_paces_another() {
     };
     assert_eq!(grant.source(), GrantSource::Paced);
     assert!(matches!(
-        a.admit_first(limited, Route::WHOLE, Duration::ZERO, later),
+        a.admit_first(limited, Route::WHOLE, ALWAYS, Duration::ZERO, later),
         Admission::Paced(_)
     ));
     // The other host is neither paced nor held.
@@ -479,7 +490,7 @@ fn one_hosts_throttling_never_paces_another() {
     };
     assert_eq!(grant.source(), GrantSource::Token);
     assert!(matches!(
-        a.admit_first(other, Route::WHOLE, Duration::ZERO, now),
+        a.admit_first(other, Route::WHOLE, ALWAYS, Duration::ZERO, now),
         Admission::Admit(_)
     ));
 }
@@ -582,7 +593,7 @@ fn pacing_ends_when_the_host_has_been_calm() {
     );
     assert_eq!(a.pace_rate(host, Route::WHOLE), None);
     assert!(matches!(
-        a.admit_first(host, Route::WHOLE, Duration::ZERO, later),
+        a.admit_first(host, Route::WHOLE, ALWAYS, Duration::ZERO, later),
         Admission::Admit(_)
     ));
 }
@@ -610,16 +621,76 @@ fn only_a_429_or_a_spent_quota_paces_and_only_its_route() {
     a.record(host, too_many, now);
     assert!(a.pace_rate(host, search).is_some());
     let wait = Admission::Paced(Duration::from_secs(1));
-    assert_eq!(a.admit_first(host, search, Duration::ZERO, now), wait);
+    assert_eq!(
+        a.admit_first(host, search, ALWAYS, Duration::ZERO, now),
+        wait
+    );
     let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO);
     assert_eq!(a.admit(host, retry.on_route(search), now), wait);
     // The host's other route goes at once.
     assert!(matches!(
-        a.admit_first(host, items, Duration::ZERO, now),
+        a.admit_first(host, items, ALWAYS, Duration::ZERO, now),
         Admission::Admit(_)
     ));
     assert!(matches!(
         a.admit(host, retry.on_route(items), now),
         Admission::Admit(_)
+    ));
+}
+
+/// A spent quota holds the route's new calls until its reset, and only
+/// until then: those already held go out one per slot after it, not as
+/// one wave; a call that arrives after the reset goes at once; a 429
+/// alone holds no new call (issue 29, findings 1 and 2).
+#[test]
+fn a_spent_quota_holds_new_calls_until_its_reset_and_releases_them_spread() {
+    use reqwest_safe_retry::rate_limit;
+    use reqwest_safe_retry::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
+        Partition, RetryAdmission, Route,
+    };
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let host = Partition::named("quota");
+    let now = std::time::Instant::now();
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-ratelimit-remaining", "0".parse().unwrap());
+    headers.insert("x-ratelimit-reset", "6".parse().unwrap());
+    let spent = rate_limit::from_headers(&headers, std::time::SystemTime::now()).unwrap();
+    a.record(
+        host,
+        AttemptRecord::new(1, None, AttemptResult::Success).with_rate_limit(spent),
+        now,
+    );
+    let first = |waited: Duration, at| a.admit_first(host, Route::WHOLE, SPENT_QUOTA, waited, at);
+    // Thirty new calls before the reset are all held until it.
+    for _ in 0..30 {
+        assert_eq!(
+            first(Duration::ZERO, now),
+            Admission::Paced(Duration::from_secs(6))
+        );
+    }
+    // At the reset they ask again, having waited: one goes, the rest are
+    // spread out at the route's rate.
+    let reset = now + Duration::from_secs(6);
+    let held = Duration::from_secs(6);
+    let mut released = 0;
+    for _ in 0..30 {
+        match first(held, reset) {
+            Admission::Admit(g) => {
+                assert_eq!(g.source(), GrantSource::Paced);
+                released += 1;
+            }
+            Admission::Paced(wait) => assert!(!wait.is_zero()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        released, 1,
+        "the queue behind the reset went out as one wave"
+    );
+    // A call that arrives after the reset goes at once.
+    assert!(matches!(
+        first(Duration::ZERO, reset),
+        Admission::Admit(g) if g.source() == GrantSource::Free
     ));
 }

@@ -26,8 +26,8 @@ pub(crate) mod safety;
 pub(crate) use admission::CircuitBreaker;
 pub use admission::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
-    CircuitBreakerConfig, Grant, GrantSource, NoAdmission, RetryAdmission, RetryKind, RetryRequest,
-    TokenBucket, TokenBucketConfig,
+    CircuitBreakerConfig, FirstAttemptPacing, Grant, GrantSource, NoAdmission, RetryAdmission,
+    RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
 };
 pub use backoff::{Backoff, Jitter};
 pub use hedge::HedgeConfig;

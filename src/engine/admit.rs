@@ -56,10 +56,13 @@ impl Run<'_> {
         let mut now = self.started;
         loop {
             let waited = now.saturating_duration_since(self.started);
-            let wait = match policy
-                .admission
-                .admit_first(partition, self.route, waited, now)
-            {
+            let wait = match policy.admission.admit_first(
+                partition,
+                self.route,
+                policy.settings.pace_first_attempts,
+                waited,
+                now,
+            ) {
                 Admission::Paced(wait) | Admission::Wait(wait) => wait,
                 Admission::Admit(grant) => {
                     if grant.is_paced() {

@@ -18,7 +18,9 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use rand::RngCore;
 
-use crate::decisions::{Backoff, CircuitBreaker, HedgeConfig, Hedger, RetryAdmission};
+use crate::decisions::{
+    Backoff, CircuitBreaker, FirstAttemptPacing, HedgeConfig, Hedger, RetryAdmission,
+};
 use crate::signals::Classifier;
 use crate::vocabulary::{lock, KeyFormat, KeyGenerator};
 
@@ -53,8 +55,8 @@ pub(crate) struct Settings {
     pub(crate) backoff: Backoff,
     /// The backoff after a throttling answer (429), when it differs.
     pub(crate) throttle_backoff: Option<Backoff>,
-    /// Whether first attempts to a paced host wait for its rate.
-    pub(crate) pace_first_attempts: bool,
+    /// Which pacing holds first attempts.
+    pub(crate) pace_first_attempts: FirstAttemptPacing,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) min_attempt_timeout: Option<Duration>,

@@ -238,10 +238,7 @@ impl<'p> Run<'p> {
     /// begins at the run's start, a retry when admission lets it go, and
     /// an operation that stops after an attempt ends when that attempt did.
     pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
-        let mut begins = self.started;
-        if self.policy.settings.pace_first_attempts {
-            begins = self.admit_first().await;
-        }
+        let mut begins = self.admit_first().await;
         loop {
             let ctx = self.context(begins);
             // Split at once: only the value is kept across the sleeps

@@ -70,10 +70,11 @@
 //! A 429 or a spent quota (`RateLimit: …;r=0`, `X-RateLimit-Remaining:
 //! 0`) puts the [`Route`] it came from (its path, within the host's
 //! partition) of the [`AdaptiveAdmission`] into *pacing*: the route's
-//! retries, and through [`RetryAdmission::admit_first`] its first
-//! attempts, wait for release slots spaced at the rate it accepts, none
+//! retries wait for release slots spaced at the rate it accepts, none
 //! before its Retry-After or its reset ([`Admission::Paced`],
-//! [`GrantSource::Paced`]). No other route of the host waits. A 503 with
+//! [`GrantSource::Paced`]); its first attempts wait, through
+//! [`RetryAdmission::admit_first`], only while a spent quota's reset has
+//! not come ([`FirstAttemptPacing`]). No other route of the host waits. A 503 with
 //! Retry-After paces nothing: it says "later", not "slower". The engine reports those waits
 //! ([`crate::RetryReport::rate_limit_wait`]); a wait spends no attempt.
 //! Why and how the rate is found: the `pacing` module's docs, in
@@ -134,8 +135,8 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     fn admit(&self, partition: Partition, retry: RetryRequest, now: Instant) -> Admission;
 
     /// May a first attempt be sent now? First attempts are never held back
-    /// by a budget; this asks only whether the host is being paced (it
-    /// throttled, or said its quota is spent): then the answer may be
+    /// by a budget; this asks only whether the route is paced in a way
+    /// that `pacing` says holds first attempts: then the answer may be
     /// [`Admission::Paced`], or a grant of [`GrantSource::Paced`] to pass
     /// back in the attempt's [`AttemptRecord`]. `waited` is how long this
     /// first attempt has waited so far. Any other answer sends it at once.
@@ -148,10 +149,11 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
         &self,
         partition: Partition,
         route: Route,
+        pacing: FirstAttemptPacing,
         waited: Duration,
         now: Instant,
     ) -> Admission {
-        let _ = (partition, route, waited, now);
+        let _ = (partition, route, pacing, waited, now);
         Admission::Admit(Grant::new(GrantSource::Free, 0.0))
     }
 
@@ -162,6 +164,27 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// when it was dropped before it answered). A hedge whose call is
     /// dropped mid-race is never recorded.
     fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant);
+}
+
+/// Which pacing holds a first attempt back
+/// ([`RetryAdmission::admit_first`]): a first attempt is the call the
+/// caller would have made with no retry layer, so by default only the
+/// server's own numbers hold one (`RetryPolicyBuilder::pace_first_attempts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum FirstAttemptPacing {
+    /// Held only while the route's quota is spent: from a `RateLimit: …;r=0`
+    /// or `X-RateLimit-Remaining: 0` with a reset the policy accepts, until
+    /// that reset. The calls held go out at the route's rate after it, not
+    /// as one wave; a call that arrives after the reset goes at once. The
+    /// default.
+    #[default]
+    SpentQuota,
+    /// Held by every pacing of the route: after a 429 its new calls wait
+    /// for release slots too, so a burst reaches the host at the rate it
+    /// accepts, at the price of holding calls that a server shedding load
+    /// whatever the rate would have answered.
+    Always,
 }
 
 /// What kind of failure a retry follows; strategies may price them

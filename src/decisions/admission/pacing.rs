@@ -25,10 +25,13 @@
 //! admission caps the retries of a host that keeps answering so. On a
 //! route already paced it neither drags the rate down nor holds anything.
 //!
-//! A 429's Retry-After holds the route's releases until it has passed, its
-//! first attempts included, and so does a spent quota's reset. The caller
-//! passes only holds the policy accepts: never longer than its
-//! `max_retry_after`, never one it refused.
+//! A 429's Retry-After holds the route's releases until it has passed, and
+//! so does a spent quota's reset. Only the reset holds the route's first
+//! attempts (unless the policy paces them too): a first attempt is a call
+//! the caller would have made with no retry layer, and only the server's
+//! own numbers say it cannot succeed; the calls held go out one per slot
+//! after the reset. The caller passes only holds the policy accepts:
+//! never longer than its `max_retry_after`, never one it refused.
 //!
 //! # The rate
 //!
@@ -116,6 +119,9 @@ pub(super) struct Pace {
     /// No release before this (a Retry-After, a spent quota's reset);
     /// `None` once passed or never set.
     hold: Option<Instant>,
+    /// When the last spent quota's reset comes: until then the route's
+    /// first attempts are held too.
+    quota_reset: Option<Instant>,
     /// The later of the last throttling answer and the last hold's end.
     quiet_since: Instant,
     /// The last 429: the upward search waits `probe_after` from it.
@@ -182,6 +188,7 @@ impl Pace {
             spaced_by: rate,
             slot_rate: rate,
             hold: None,
+            quota_reset: None,
             quiet_since: now,
             last_too_fast: now,
             probe_level: 0,
@@ -211,6 +218,20 @@ impl Pace {
             .unwrap_or(now);
         self.hold = Some(self.hold.map_or(at, |h| h.max(at)));
         self.quiet_since = self.quiet_since.max(at);
+    }
+
+    /// Holds every release until `until` from `now` because the server
+    /// said the route's quota is spent until then: first attempts too.
+    pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
+        self.hold(now, until);
+        let at = after(now, until).or(self.hold);
+        self.quota_reset = self.quota_reset.max(at);
+    }
+
+    /// Whether the server said at `now` that the route's quota is spent
+    /// (its reset has not come yet).
+    pub(super) fn quota_spent(&self, now: Instant) -> bool {
+        self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
     }
 
     /// When the route last throttled or its last hold ends.

@@ -10,8 +10,8 @@ use crate::vocabulary::{Partition, Route};
 
 use super::super::pacing::Pace;
 use super::super::{
-    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, RetryAdmission, RetryKind,
-    RetryRequest,
+    Admission, AttemptRecord, AttemptResult, FirstAttemptPacing, Grant, GrantSource,
+    RetryAdmission, RetryKind, RetryRequest,
 };
 use super::{after, AdaptiveAdmission, Due, Host, WAITER_STALE_POLLS};
 
@@ -121,7 +121,8 @@ impl RetryAdmission for AdaptiveAdmission {
         &self,
         partition: Partition,
         route: Route,
-        _waited: Duration,
+        pacing: FirstAttemptPacing,
+        waited: Duration,
         now: Instant,
     ) -> Admission {
         let go = Admission::Admit(Grant::new(GrantSource::Free, 0.0));
@@ -129,7 +130,16 @@ impl RetryAdmission for AdaptiveAdmission {
             return go;
         }
         self.host(partition, now, |h| match self.pace(h, route, now) {
-            Some(pace) if pace.governs(now) => Self::release(pace, now),
+            // A call already held keeps its place in the queue, so the
+            // queue behind a reset goes out at the rate, not as one wave.
+            Some(pace)
+                if pace.governs(now)
+                    && (pacing == FirstAttemptPacing::Always
+                        || !waited.is_zero()
+                        || pace.quota_spent(now)) =>
+            {
+                Self::release(pace, now)
+            }
             _ => go,
         })
     }
@@ -299,7 +309,7 @@ impl AdaptiveAdmission {
                 return;
             };
             if let Some(reset) = exhausted.and_then(|r| r.reset) {
-                pace.hold(now, reset);
+                pace.hold_spent_quota(now, reset);
             }
             if attempt.was_throttled() {
                 pace.throttled(now, released, attempt.was_too_fast(), attempt.retry_after());
