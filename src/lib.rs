@@ -142,7 +142,7 @@ pub use signals::{
 pub use decisions::{
     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Backoff,
     CircuitBreakerConfig, FirstAttemptPacing, Grant, GrantSource, HedgeConfig, Jitter, NoAdmission,
-    RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
+    ReplicaTable, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
 };
 // The engine.
 #[cfg(feature = "metrics")]
@@ -153,8 +153,8 @@ pub use engine::{
 };
 // HTTP.
 pub use http::{
-    GiveUp, InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer, RetryError,
-    RetryMiddleware, DEFAULT_DEADLINE_HEADER, DEFAULT_VERDICT_HEADER,
+    GiveUp, InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer, ReplicaResolver,
+    RetryError, RetryMiddleware, DEFAULT_DEADLINE_HEADER, DEFAULT_VERDICT_HEADER,
 };
 // The builder, on top.
 pub use builder::RetryPolicyBuilder;

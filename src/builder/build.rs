@@ -105,6 +105,7 @@ impl RetryPolicyBuilder {
             metrics: Arc::new(Metrics::default()),
             classifiers: self.classifiers.into(),
             hedger: Arc::default(),
+            replicas: Arc::default(),
         })
     }
 }

@@ -21,6 +21,7 @@
 mod admission;
 mod backoff;
 mod hedge;
+mod replicas;
 pub(crate) mod safety;
 
 pub(crate) use admission::CircuitBreaker;
@@ -32,3 +33,4 @@ pub use admission::{
 pub use backoff::{Backoff, Jitter};
 pub use hedge::HedgeConfig;
 pub(crate) use hedge::Hedger;
+pub use replicas::ReplicaTable;

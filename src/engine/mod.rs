@@ -43,7 +43,7 @@ pub use metrics::{Metrics, MetricsSnapshot};
 pub(crate) use options::KeyChoice;
 pub use options::RequestOptions;
 pub use outcome::{AttemptContext, Outcome};
-pub(crate) use outcome::{Signal, Verdict};
+pub(crate) use outcome::{Elsewhere, Signal, Verdict};
 pub use policy::RetryPolicy;
 pub(crate) use policy::{Rng, Settings};
 pub use run::{retry, retry_in};

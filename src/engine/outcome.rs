@@ -2,13 +2,12 @@
 //! [`Outcome`], the verdict on it, what the answer said of its host's rate,
 //! and the [`AttemptContext`] the attempt was made with.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::decisions::{AttemptRecord, AttemptResult, RetryKind};
 use crate::signals::rate_limit::RateLimit;
 use crate::vocabulary::StopReason;
-
-use super::metrics::Metrics;
 
 /// An operation's outcome, classified by the caller.
 #[derive(Debug)]
@@ -29,6 +28,21 @@ pub(crate) struct Signal {
     pub(crate) retry_after: Option<Duration>,
     /// The rate-limit fields it carried.
     pub(crate) rate_limit: Option<RateLimit>,
+    /// The address the attempt went to, when known.
+    pub(crate) address: Option<SocketAddr>,
+    /// The failure was one replica's: another address of the host is
+    /// healthy, and the next attempt goes there.
+    pub(crate) elsewhere: Option<Elsewhere>,
+}
+
+/// How the next attempt goes to another replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Elsewhere {
+    /// At once: the connection failed (reset, refused, closed before an
+    /// answer); the other machine has no reason to be slow.
+    AtOnce,
+    /// After the usual backoff: the replica answered (a 5xx) or hung.
+    AfterBackoff,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,19 +96,19 @@ impl Verdict {
 }
 
 impl Signal {
-    /// `record` with what the answer said of its host's rate, a throttling
-    /// answer counted. A hold longer than `max_hold` (the policy's
+    /// `record` with what the answer said of its host's rate;
+    /// `count_throttled` is called for a throttling answer. A hold longer than `max_hold` (the policy's
     /// `max_retry_after`) is refused, and holds nothing: neither a
     /// Retry-After nor a spent quota whose reset is that far.
     pub(crate) fn onto(
         self,
         mut record: AttemptRecord,
-        metrics: &Metrics,
+        count_throttled: impl FnOnce(),
         max_hold: Duration,
     ) -> AttemptRecord {
         let accepted = |d: &Duration| *d <= max_hold;
         if self.throttled {
-            metrics.throttled();
+            count_throttled();
             record = record.throttled(self.retry_after.filter(accepted));
             if self.too_fast {
                 record = record.too_fast();

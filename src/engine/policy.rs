@@ -12,6 +12,7 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use http::{HeaderName, Method};
 use rand::RngCore;
 
 use crate::decisions::{
-    Backoff, CircuitBreaker, FirstAttemptPacing, HedgeConfig, Hedger, RetryAdmission,
+    Backoff, CircuitBreaker, FirstAttemptPacing, HedgeConfig, Hedger, ReplicaTable, RetryAdmission,
 };
 use crate::signals::Classifier;
 use crate::vocabulary::{lock, KeyFormat, KeyGenerator};
@@ -47,6 +48,26 @@ pub struct RetryPolicy {
     pub(crate) classifiers: Arc<[Arc<dyn Classifier>]>,
     /// Latencies and hedge budgets per host, for hedged requests.
     pub(crate) hedger: Arc<Hedger>,
+    /// The health of each host's addresses, shared with the policy's
+    /// [`crate::ReplicaResolver`]s.
+    pub(crate) replicas: Arc<Replicas>,
+}
+
+/// The replica table, and whether a resolver reads it: until one does,
+/// no attempt looks at it (nothing changes for a client without one).
+#[derive(Debug, Default)]
+pub(crate) struct Replicas {
+    pub(crate) table: ReplicaTable,
+    pub(crate) installed: AtomicBool,
+}
+
+impl Replicas {
+    /// The table, when a resolver reads it.
+    pub(crate) fn in_use(&self) -> Option<&ReplicaTable> {
+        self.installed
+            .load(Ordering::Relaxed)
+            .then_some(&self.table)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -97,6 +118,12 @@ impl RetryPolicy {
     /// Hedging's settings, when the policy hedges.
     pub fn hedge(&self) -> Option<&HedgeConfig> {
         self.settings.hedge.as_ref()
+    }
+
+    /// The health of the addresses of each host resolved through this
+    /// policy's [`crate::ReplicaResolver`]s.
+    pub fn replicas(&self) -> &ReplicaTable {
+        &self.replicas.table
     }
 
     /// The counters shared by every clone of this policy.

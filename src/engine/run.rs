@@ -45,7 +45,7 @@ use crate::signals::retry_after;
 use crate::vocabulary::{Partition, RetryReport, Route, StopReason};
 
 use super::deadline::{self, shorter, Limits};
-use super::outcome::{AttemptContext, Outcome, Signal, Verdict};
+use super::outcome::{AttemptContext, Elsewhere, Outcome, Signal, Verdict};
 use super::policy::RetryPolicy;
 
 /// Runs `op` until it succeeds, fails permanently, or the policy says stop,
@@ -306,10 +306,19 @@ impl<'p> Run<'p> {
     /// the sleep.
     fn decide(&mut self, verdict: Verdict, signal: Signal, now: Instant) -> Step {
         let policy = self.policy;
-        let result = verdict.result();
+        if let Some(addr) = signal.address {
+            self.report.note_address(self.attempt, addr);
+        }
+        // One replica's failure, while another address of the host is
+        // healthy, is no evidence against the host: neither the admission
+        // nor the breaker counts it.
+        let result = match (verdict.result(), signal.elsewhere) {
+            (AttemptResult::Failure, Some(_)) => AttemptResult::Other,
+            (result, _) => result,
+        };
         let record = signal.onto(
             AttemptRecord::new(self.attempt, self.grant, result).on_route(self.route),
-            &policy.metrics,
+            || policy.metrics.throttled(),
             policy.settings.max_retry_after,
         );
         policy.admission.record(self.report.partition, record, now);
@@ -333,6 +342,16 @@ impl<'p> Run<'p> {
             _ => &settings.backoff,
         };
         let n = self.attempt - 1;
+        if signal.elsewhere == Some(Elsewhere::AtOnce) && hint.is_none() {
+            // Another machine, reached at once: no backoff, still through
+            // admission.
+            if !policy.admission.may_admit(self.report.partition, kind) {
+                policy.metrics.budget_rejected();
+                return Step::Stop(StopReason::BudgetExhausted);
+            }
+            self.by_hint = false;
+            return Step::Retry(Duration::ZERO, kind);
+        }
         let (computed, delay) = policy.with_rng(|rng| {
             let computed = backoff.delay(n, self.prev_delay, rng);
             let delay = match hint {
@@ -371,7 +390,9 @@ impl<'p> Run<'p> {
 
     async fn sleep(&mut self, delay: Duration) {
         self.report.delays.push(delay);
-        self.policy.sleeper.sleep(delay).await;
+        if !delay.is_zero() {
+            self.policy.sleeper.sleep(delay).await;
+        }
     }
 
     /// Ends the operation at `now`: the report, the span's fields, the

@@ -16,6 +16,7 @@ use crate::vocabulary::StopReason;
 use super::deadline_header::stamp_headers;
 use super::hedge_race::{plan_hedge, Hedging};
 use super::judge::Judge;
+use super::replica_resolver::Watch;
 
 /// One logical HTTP operation: the request for the next attempt and what
 /// each attempt needs.
@@ -35,6 +36,23 @@ pub(super) struct HttpAttempts<'a> {
     pub(super) request: Option<Request>,
     pub(super) extensions: &'a mut Extensions,
     pub(super) next: Next<'a>,
+}
+
+/// The watch of one logical call to `request`'s host, for the replica
+/// table, when a resolver reads it (see `replica_resolver`).
+pub(super) fn watch_of(
+    policy: &crate::engine::RetryPolicy,
+    request: &Request,
+) -> Option<std::sync::Arc<Watch>> {
+    Watch::of(policy, request)
+}
+
+/// Runs `call` under its watch, if any.
+pub(super) fn watched<'a, T: Send + 'a>(
+    watch: Option<std::sync::Arc<Watch>>,
+    call: crate::vocabulary::BoxFuture<'a, T>,
+) -> crate::vocabulary::BoxFuture<'a, T> {
+    Watch::call(watch, call)
 }
 
 /// The error of an attempt that had no request left to send. The safety
@@ -77,6 +95,7 @@ impl Attempt for HttpAttempts<'_> {
                     request.headers_mut().insert(name, value.clone());
                 }
                 stamp_headers(self.judge.policy, &mut request, &ctx, timeout);
+                let watched = Watch::prepare(self.judge.policy, &mut request);
                 let method = request.method().clone();
                 // Planned before the send borrows the extensions: the copy
                 // sent as the hedge needs its own.
@@ -96,12 +115,12 @@ impl Attempt for HttpAttempts<'_> {
                     None => response,
                     Some(hedge) => hedge.boxed_race(response, &self.judge, &method, cloneable),
                 };
-                (method, cloneable, response)
+                (method, cloneable, response, watched)
             }),
         };
         let judge = &self.judge;
         async move {
-            let Some((method, cloneable, response)) = sending else {
+            let Some((method, cloneable, response, watched)) = sending else {
                 return Outcome::stop(
                     Err(reqwest_middleware::Error::middleware(NothingToResend)),
                     StopReason::BodyNotCloneable,
@@ -109,7 +128,10 @@ impl Attempt for HttpAttempts<'_> {
             };
             let result = response.await;
             let verdict = judge.verdict(&method, cloneable, &result);
-            let signal = judge.signal(&result, verdict);
+            let mut signal = judge.signal(&result, verdict);
+            if watched {
+                (signal.address, signal.elsewhere) = Watch::attribute(judge.policy, &result);
+            }
             Outcome::new(result, verdict).with_signal(signal)
         }
     }

@@ -286,10 +286,10 @@ impl Hedge<'_, '_> {
         let max_hold = policy.settings.max_retry_after;
         let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result).on_route(route);
         let record = match (winner, first_seen) {
-            (Which::First, _) => hedge_signal.onto(record, &policy.metrics, max_hold),
+            (Which::First, _) => hedge_signal.onto(record, || policy.metrics.throttled(), max_hold),
             (Which::Hedge, Some((result, signal))) => signal.onto(
                 AttemptRecord::new(ctx.attempt(), Some(grant), result).on_route(route),
-                &policy.metrics,
+                || policy.metrics.throttled(),
                 max_hold,
             ),
             (Which::Hedge, None) => record,

@@ -63,6 +63,7 @@ impl Judge<'_> {
             too_fast: status == 429,
             retry_after,
             rate_limit,
+            ..Signal::default()
         }
     }
 

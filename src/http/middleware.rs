@@ -28,7 +28,7 @@ use crate::vocabulary::{
     StopReason,
 };
 
-use super::attempt::HttpAttempts;
+use super::attempt::{self, HttpAttempts};
 use super::error::{CircuitOpen, RetryError};
 use super::hedge_race::Hedging;
 use super::judge::Judge;
@@ -147,6 +147,7 @@ impl Middleware for RetryMiddleware {
                 .first_attempt(config, partition, policy.clock.now());
         }
         let route = Route::of_url(request.url());
+        let watch = attempt::watch_of(policy, &request);
         let mut run = Run::start(policy, limits, partition);
         run.route = route;
         run.traced = !span.is_disabled();
@@ -195,11 +196,12 @@ impl Middleware for RetryMiddleware {
             })
         };
         // With no subscriber listening, no span is entered on every poll.
-        if span.is_disabled() {
+        let call: BoxFuture<'_, _> = if span.is_disabled() {
             Box::pin(call)
         } else {
             Box::pin(call.instrument(span))
-        }
+        };
+        attempt::watched(watch, call)
     }
 }
 impl RetryMiddleware {

@@ -23,9 +23,11 @@ mod hedge_race;
 mod inbound;
 mod judge;
 mod middleware;
+mod replica_resolver;
 
 pub use deadline_header::DEFAULT_DEADLINE_HEADER;
 pub use error::RetryError;
 pub use give_up::{GiveUp, DEFAULT_VERDICT_HEADER};
 pub use inbound::{InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer};
 pub use middleware::RetryMiddleware;
+pub use replica_resolver::ReplicaResolver;

@@ -2,6 +2,7 @@
 //! key, and why the loop stopped.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +65,29 @@ impl fmt::Display for StopReason {
     }
 }
 
+/// A duration as whole nanoseconds, saturating (584 years): half a
+/// `Duration`'s room in the report, which the attempt loop's future
+/// carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Nanos(u64);
+
+impl Nanos {
+    pub(crate) fn get(self) -> Duration {
+        Duration::from_nanos(self.0)
+    }
+}
+
+impl std::ops::AddAssign<Duration> for Nanos {
+    fn add_assign(&mut self, d: Duration) {
+        let n = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.0 = self.0.saturating_add(n);
+    }
+}
+
+/// The address each attempt went to, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Addresses(Vec<Option<SocketAddr>>);
+
 /// The record of one logical operation.
 ///
 /// The middleware puts it in the final response's extensions
@@ -73,13 +97,14 @@ impl fmt::Display for StopReason {
 /// It serializes with durations in milliseconds:
 /// `{"attempts":2,"delays_ms":[87.5],"admission_wait_ms":0.0,"rate_limit_wait_ms":0.0,"elapsed_ms":90.1,
 /// "idempotency_key":"…","stop_reason":"success","retry_after_honoured":0}`,
-/// followed by `"hedges":1,"hedge_wins":1` when a hedge was sent.
+/// followed by `"hedges":1,"hedge_wins":1` when a hedge was sent, and
+/// `"addresses":["10.0.0.2:443",…]` when they are known.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,
     pub(crate) delays: Vec<Duration>,
-    pub(crate) admission_wait: Duration,
-    pub(crate) rate_limit_wait: Duration,
+    pub(crate) admission_wait: Nanos,
+    pub(crate) rate_limit_wait: Nanos,
     pub(crate) elapsed: Duration,
     pub(crate) idempotency_key: Option<SharedKey>,
     pub(crate) stop_reason: StopReason,
@@ -89,6 +114,10 @@ pub struct RetryReport {
     /// middleware's future has room for them (`tests/future_size.rs`).
     pub(crate) hedges: u16,
     pub(crate) hedge_wins: u16,
+    /// The address each attempt went to, where it is known (boxed: a
+    /// call with no replica resolver carries one pointer for it, in the
+    /// middleware's future).
+    pub(crate) addresses: Option<Box<Addresses>>,
 }
 
 impl RetryReport {
@@ -96,8 +125,8 @@ impl RetryReport {
         RetryReport {
             attempts: 0,
             delays: Vec::new(),
-            admission_wait: Duration::ZERO,
-            rate_limit_wait: Duration::ZERO,
+            admission_wait: Nanos(0),
+            rate_limit_wait: Nanos(0),
             elapsed: Duration::ZERO,
             idempotency_key: None,
             stop_reason: StopReason::Success,
@@ -105,7 +134,27 @@ impl RetryReport {
             partition: Partition::SINGLE,
             hedges: 0,
             hedge_wins: 0,
+            addresses: None,
         }
+    }
+
+    /// Notes that attempt `attempt` (1 for the first) went to `addr`.
+    pub(crate) fn note_address(&mut self, attempt: u32, addr: SocketAddr) {
+        let addresses = &mut self.addresses.get_or_insert_with(Box::default).0;
+        let i = attempt.saturating_sub(1) as usize;
+        if addresses.len() <= i {
+            addresses.resize(i + 1, None);
+        }
+        addresses[i] = Some(addr);
+    }
+
+    /// The address each attempt went to, in order (`None` where it is not
+    /// known). Known when the client resolves through the policy's
+    /// [`crate::ReplicaResolver`]: from the answer, or, for an attempt
+    /// that failed before one, from the address its new connection was
+    /// given. Empty otherwise.
+    pub fn addresses(&self) -> &[Option<SocketAddr>] {
+        self.addresses.as_deref().map_or(&[], |a| a.0.as_slice())
     }
 
     /// The admission partition (by default the host) every decision of the
@@ -118,7 +167,7 @@ impl RetryReport {
     /// Time the retries spent waiting for admission (not included in
     /// [`RetryReport::delays`]).
     pub fn admission_wait(&self) -> Duration {
-        self.admission_wait
+        self.admission_wait.get()
     }
 
     /// Time the call waited for a server's rate: its host had throttled
@@ -127,13 +176,13 @@ impl RetryReport {
     /// slots or its reset. Zero when it never waited so. A retry's part of
     /// it is in [`RetryReport::admission_wait`] too.
     pub fn rate_limit_wait(&self) -> Duration {
-        self.rate_limit_wait
+        self.rate_limit_wait.get()
     }
 
     /// Whether the call waited for a server's rate
     /// ([`RetryReport::rate_limit_wait`] is not zero).
     pub fn waited_for_rate_limit(&self) -> bool {
-        !self.rate_limit_wait.is_zero()
+        self.rate_limit_wait.0 != 0
     }
 
     /// Total time of the logical operation, from the first attempt to the
@@ -189,12 +238,14 @@ impl serde::Serialize for RetryReport {
         // The hedge counts only when a hedge was sent: a report of a call
         // that was not hedged reads as it always did.
         let hedged = self.hedges > 0;
-        let mut s = serializer.serialize_struct("RetryReport", 8 + 2 * usize::from(hedged))?;
+        let addressed = !self.addresses().is_empty();
+        let fields = 8 + 2 * usize::from(hedged) + usize::from(addressed);
+        let mut s = serializer.serialize_struct("RetryReport", fields)?;
         s.serialize_field("attempts", &self.attempts)?;
         let delays: Vec<f64> = self.delays.iter().copied().map(ms).collect();
         s.serialize_field("delays_ms", &delays)?;
-        s.serialize_field("admission_wait_ms", &ms(self.admission_wait))?;
-        s.serialize_field("rate_limit_wait_ms", &ms(self.rate_limit_wait))?;
+        s.serialize_field("admission_wait_ms", &ms(self.admission_wait.get()))?;
+        s.serialize_field("rate_limit_wait_ms", &ms(self.rate_limit_wait.get()))?;
         s.serialize_field("elapsed_ms", &ms(self.elapsed))?;
         s.serialize_field("idempotency_key", &self.idempotency_key())?;
         s.serialize_field("stop_reason", &self.stop_reason)?;
@@ -202,6 +253,14 @@ impl serde::Serialize for RetryReport {
         if hedged {
             s.serialize_field("hedges", &self.hedges)?;
             s.serialize_field("hedge_wins", &self.hedge_wins)?;
+        }
+        if addressed {
+            let addresses: Vec<Option<String>> = self
+                .addresses()
+                .iter()
+                .map(|a| a.map(|a| a.to_string()))
+                .collect();
+            s.serialize_field("addresses", &addresses)?;
         }
         s.end()
     }

@@ -1,0 +1,267 @@
+//! Replicas: which of a host name's addresses a new connection goes to,
+//! and whether a failure was one address's or the host's.
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use std::time::Instant;
+//! use reqwest_safe_retry::ReplicaTable;
+//!
+//! let table = ReplicaTable::default();
+//! let addrs: Vec<SocketAddr> =
+//!     ["127.0.0.1:80", "127.0.0.2:80", "127.0.0.3:80"].map(|a| a.parse().unwrap()).to_vec();
+//! let now = Instant::now();
+//! // New connections are spread over the healthy addresses…
+//! let first = table.pick("svc.test", &addrs, now).unwrap();
+//! // …and one that failed comes last: it gets no new connection while
+//! // another address is healthy.
+//! table.failed("svc.test", first, now);
+//! assert!(table.healthy_besides("svc.test", first, now));
+//! for _ in 0..10 {
+//!     assert_ne!(table.pick("svc.test", &addrs, now), Some(first));
+//! }
+//! ```
+//!
+//! # Why
+//!
+//! A host name with several addresses is several machines. When one of them
+//! resets every connection or answers every request 503, a retry that goes
+//! back to it fails again, and the host's admission sees an outage where
+//! two machines of three are fine. hyper moves to the next address only
+//! when connecting fails, and the system resolver hands the addresses out
+//! in the same order every time, so without help every new connection
+//! starts at the same first address. Envoy answers this with outlier
+//! ejection and a previous-hosts retry predicate, gRPC by picking another
+//! subchannel; here the resolver asks this table.
+//!
+//! # The rules
+//!
+//! - A new connection goes to one address: a due probe first (below), else
+//!   the healthy address next in turn, so connections spread.
+//! - A failure attributed to an address (a reset, a refused connection, a
+//!   timeout, a 5xx from it) ejects it: no new connection goes to it for
+//!   [`FIRST_EJECTION`], doubling with each failure in a row up to
+//!   [`MAX_EJECTION`]. Then one connection probes it: a success brings it
+//!   back, a failure ejects it again for longer.
+//! - Never all: an address is not ejected when no other address of its
+//!   name would be left in service; it then stays in turn, and a host
+//!   whose every address fails is an outage for the admission, as before.
+//! - A failure is one replica's, not the host's, while another address of
+//!   the name is healthy (not ejected, no failure since its last success):
+//!   the engine then retries elsewhere, at once for a failure at the
+//!   connection level, and neither the admission nor the breaker counts it
+//!   against the host.
+//!
+//! The table is bounded ([`MAX_NAMES`] names, the idlest dropped first) and
+//! takes instants from its caller: no clock, no I/O.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::vocabulary::lock;
+
+/// The first ejection of an address that failed.
+pub(super) const FIRST_EJECTION: Duration = Duration::from_secs(1);
+/// The longest ejection.
+pub(super) const MAX_EJECTION: Duration = Duration::from_secs(30);
+/// The most names kept; the one unused the longest makes room.
+pub(super) const MAX_NAMES: usize = 1024;
+/// The most addresses kept for one name (the first ones resolved).
+const MAX_ADDRS: usize = 64;
+
+/// One address of a name, and how it has fared.
+#[derive(Debug, Clone)]
+struct Addr {
+    addr: SocketAddr,
+    /// Failures since its last success.
+    strikes: u32,
+    /// No new connection before this, unless as a probe.
+    ejected_until: Option<Instant>,
+    /// A probe went to it and has not answered yet.
+    probing: bool,
+}
+
+impl Addr {
+    fn new(addr: SocketAddr) -> Self {
+        Addr {
+            addr,
+            strikes: 0,
+            ejected_until: None,
+            probing: false,
+        }
+    }
+
+    fn ejected(&self, now: Instant) -> bool {
+        self.ejected_until.is_some_and(|u| u > now) || self.probing
+    }
+
+    /// In service and with no failure since its last success.
+    fn healthy(&self, now: Instant) -> bool {
+        self.strikes == 0 && !self.ejected(now)
+    }
+}
+
+#[derive(Debug)]
+struct Name {
+    addrs: Vec<Addr>,
+    /// The next healthy address in turn.
+    cursor: usize,
+    used: Instant,
+}
+
+/// The health of every address of every name a client resolved through a
+/// [`crate::ReplicaResolver`], shared by the resolver and the policy's
+/// calls. Thread-safe and bounded in memory.
+#[derive(Default)]
+pub struct ReplicaTable {
+    names: Mutex<HashMap<String, Name>>,
+}
+
+impl fmt::Debug for ReplicaTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicaTable")
+            .field("names", &lock(&self.names).len())
+            .finish()
+    }
+}
+
+/// The table's key for a host name: lowercase, without a trailing dot.
+fn key(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
+}
+
+impl ReplicaTable {
+    /// The address a new connection to `name` goes to, among `resolved`
+    /// (what the name resolves to now): a probe of an ejected address
+    /// whose ejection is over, else the next healthy address in turn, else
+    /// the address that has failed the fewest times in a row. `None` when
+    /// `resolved` is empty.
+    pub fn pick(&self, name: &str, resolved: &[SocketAddr], now: Instant) -> Option<SocketAddr> {
+        if resolved.is_empty() {
+            return None;
+        }
+        let mut names = lock(&self.names);
+        let k = key(name);
+        if !names.contains_key(&k) && names.len() >= MAX_NAMES {
+            let idlest = names
+                .iter()
+                .min_by_key(|(_, n)| n.used)
+                .map(|(k, _)| k.clone());
+            if let Some(idlest) = idlest {
+                names.remove(&idlest);
+            }
+        }
+        let entry = names.entry(k).or_insert_with(|| Name {
+            addrs: Vec::new(),
+            cursor: 0,
+            used: now,
+        });
+        entry.used = now;
+        // What the name resolves to now: known addresses keep their
+        // record, new ones start healthy, gone ones are forgotten.
+        entry.addrs.retain(|a| resolved.contains(&a.addr));
+        for addr in resolved.iter().take(MAX_ADDRS) {
+            if !entry.addrs.iter().any(|a| a.addr == *addr) {
+                entry.addrs.push(Addr::new(*addr));
+            }
+        }
+        let addrs = &mut entry.addrs;
+        // A probe: an ejected address whose time is up, not already probed.
+        if let Some(a) = addrs
+            .iter_mut()
+            .find(|a| !a.probing && a.strikes > 0 && a.ejected_until.is_some_and(|u| u <= now))
+        {
+            a.probing = true;
+            return Some(a.addr);
+        }
+        let n = addrs.len();
+        let start = entry.cursor % n;
+        let in_turn = (0..n)
+            .map(|i| (start + i) % n)
+            .find(|&i| addrs[i].healthy(now));
+        let chosen = match in_turn {
+            Some(i) => i,
+            // None healthy: the one in service that failed the fewest
+            // times in a row.
+            None => (0..n)
+                .map(|i| (start + i) % n)
+                .min_by_key(|&i| (addrs[i].ejected(now), addrs[i].strikes))?,
+        };
+        entry.cursor = chosen + 1;
+        Some(addrs[chosen].addr)
+    }
+
+    /// A failure attributed to `addr` of `name` at `now`: it is ejected,
+    /// unless no other address of the name would be left in service.
+    pub fn failed(&self, name: &str, addr: SocketAddr, now: Instant) {
+        let mut names = lock(&self.names);
+        let Some(entry) = names.get_mut(&key(name)) else {
+            return;
+        };
+        let others_in_service = entry
+            .addrs
+            .iter()
+            .filter(|a| a.addr != addr && !a.ejected(now))
+            .count();
+        let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) else {
+            return;
+        };
+        a.strikes = a.strikes.saturating_add(1);
+        a.probing = false;
+        if others_in_service > 0 {
+            let doubling = a.strikes.saturating_sub(1).min(16);
+            let ejection = FIRST_EJECTION
+                .saturating_mul(1 << doubling)
+                .min(MAX_EJECTION);
+            a.ejected_until = now.checked_add(ejection);
+        } else {
+            a.ejected_until = None;
+        }
+    }
+
+    /// A success from `addr` of `name`: it is healthy again.
+    pub fn succeeded(&self, name: &str, addr: SocketAddr) {
+        let mut names = lock(&self.names);
+        let Some(entry) = names.get_mut(&key(name)) else {
+            return;
+        };
+        if let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) {
+            if a.strikes > 0 || a.probing {
+                *a = Addr::new(addr);
+            }
+        }
+    }
+
+    /// Whether an address of `name` other than `addr` is healthy at `now`
+    /// (in service, no failure since its last success): then a failure of
+    /// `addr` is that replica's, and the next attempt goes elsewhere.
+    pub fn healthy_besides(&self, name: &str, addr: SocketAddr, now: Instant) -> bool {
+        lock(&self.names)
+            .get(&key(name))
+            .is_some_and(|n| n.addrs.iter().any(|a| a.addr != addr && a.healthy(now)))
+    }
+
+    /// Whether any address of `name` is ejected or being probed at `now`:
+    /// then connections to it are not kept alive, so that no pooled
+    /// connection leads back to the address that failed.
+    pub fn degraded(&self, name: &str, now: Instant) -> bool {
+        lock(&self.names)
+            .get(&key(name))
+            .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
+    }
+
+    /// Names kept now (at most [`MAX_NAMES`]).
+    pub fn len(&self) -> usize {
+        lock(&self.names).len()
+    }
+
+    /// Whether no name is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,242 @@
+//! The replica-aware resolver: new connections to a host name with
+//! several addresses go to a healthy one, and each attempt learns which
+//! address it was given.
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+//!
+//! let policy = RetryPolicy::default();
+//! let replicas: Vec<SocketAddr> =
+//!     ["127.0.0.1:8080", "127.0.0.2:8080"].map(|a| a.parse().unwrap()).to_vec();
+//! let http = reqwest::Client::builder()
+//!     // The system resolver's answers, or a fixed list for a name.
+//!     .dns_resolver(policy.replica_resolver().pin("svc.test", &replicas))
+//!     .build()
+//!     .unwrap();
+//! let client = reqwest_middleware::ClientBuilder::new(http)
+//!     .with(RetryMiddleware::new(policy))
+//!     .build();
+//! # drop(client);
+//! ```
+//!
+//! # How an attempt knows its address
+//!
+//! A response names the address that answered
+//! ([`reqwest::Response::remote_addr`]); a connection reset or refused
+//! before any response does not. reqwest resolves a name when it opens a
+//! new connection, inside the future of the request that needs it, so the
+//! resolver reads a task-local slot the attempt set up and writes there the
+//! one address it handed out. A request that reused a pooled connection
+//! and failed before an answer is not attributed (its host still is). While
+//! an address of a name is out of service, the attempts to that name ask
+//! for `Connection: close`, so that no pooled connection leads back to it;
+//! keep-alive resumes once every address is healthy.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+
+use crate::engine::{Elsewhere, RetryPolicy};
+use crate::signals::{transport_failure, TransportFailure};
+use crate::vocabulary::{lock, BoxFuture};
+
+tokio::task_local! {
+    /// The call in flight, when the policy's table is read by a resolver.
+    static WATCH: Arc<Watch>;
+}
+
+/// One call's part in the replica table: the host it goes to, and the slot
+/// where the resolver notes the address the current attempt's new
+/// connection was given. It lives in a task-local around the whole call,
+/// so that the attempt loop's future carries nothing for it.
+pub(super) struct Watch {
+    host: String,
+    given: Mutex<Option<SocketAddr>>,
+}
+
+/// A `reqwest` DNS resolver that sends each new connection to one healthy
+/// address of its name, as the policy's [`crate::ReplicaTable`] says: an
+/// address that failed recently gets no new connection while another is
+/// healthy, and is probed now and then until it recovers; never all of a
+/// name's addresses are out of service.
+///
+/// Obtain it from [`RetryPolicy::replica_resolver`] and install it with
+/// `reqwest::ClientBuilder::dns_resolver`. Names resolve through the
+/// system resolver (as reqwest does by default), or to a fixed list given
+/// with [`ReplicaResolver::pin`]. Without it nothing changes: addresses
+/// are neither chosen nor attributed.
+#[derive(Clone)]
+pub struct ReplicaResolver {
+    policy: RetryPolicy,
+    pinned: Arc<HashMap<String, Vec<SocketAddr>>>,
+}
+
+impl fmt::Debug for ReplicaResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplicaResolver")
+            .field("pinned", &self.pinned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryPolicy {
+    /// A resolver that shares this policy's per-host state: install it
+    /// with `reqwest::ClientBuilder::dns_resolver(..)` on the client this
+    /// policy's middleware wraps, and a failure of one address sends the
+    /// retry to another (see [`ReplicaResolver`]).
+    pub fn replica_resolver(&self) -> ReplicaResolver {
+        self.replicas
+            .installed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        ReplicaResolver {
+            policy: self.clone(),
+            pinned: Arc::default(),
+        }
+    }
+}
+
+impl ReplicaResolver {
+    /// Resolves `name` to `addrs` instead of asking the system resolver
+    /// (tests, static discovery). The port of each address is used unless
+    /// the URL names one.
+    #[must_use]
+    pub fn pin(mut self, name: &str, addrs: &[SocketAddr]) -> Self {
+        let key = name.trim_end_matches('.').to_ascii_lowercase();
+        Arc::make_mut(&mut self.pinned).insert(key, addrs.to_vec());
+        self
+    }
+}
+
+impl Resolve for ReplicaResolver {
+    fn resolve(&self, name: Name) -> Resolving {
+        // Read now, inside the request's task: the future may be polled
+        // elsewhere.
+        let watch = WATCH.try_with(Arc::clone).ok();
+        let host = name.as_str().to_owned();
+        let key = host.trim_end_matches('.').to_ascii_lowercase();
+        let pinned = self.pinned.get(&key).cloned();
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let resolved: Vec<SocketAddr> = match pinned {
+                Some(addrs) => addrs,
+                None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
+            };
+            let now = policy.clock.now();
+            let Some(chosen) = policy.replicas.table.pick(&host, &resolved, now) else {
+                return Err(format!("{host} resolved to no address").into());
+            };
+            if let Some(watch) = watch {
+                *lock(&watch.given) = Some(chosen);
+            }
+            let addrs: Addrs = Box::new(std::iter::once(chosen));
+            Ok(addrs)
+        })
+    }
+}
+
+impl Watch {
+    /// The watch of a call to `request`'s host, when the policy's table
+    /// is read by a resolver and the request names a host.
+    pub(super) fn of(policy: &RetryPolicy, request: &reqwest::Request) -> Option<Arc<Watch>> {
+        policy.replicas.in_use()?;
+        Some(Arc::new(Watch {
+            host: request.url().host_str()?.to_owned(),
+            given: Mutex::new(None),
+        }))
+    }
+
+    /// Runs `call`, watched when there is a watch.
+    pub(super) fn call<'a, T: Send + 'a>(
+        watch: Option<Arc<Watch>>,
+        call: BoxFuture<'a, T>,
+    ) -> BoxFuture<'a, T> {
+        match watch {
+            None => call,
+            Some(watch) => Box::pin(WATCH.scope(watch, call)),
+        }
+    }
+
+    /// Prepares an attempt: false when the call is not watched. While an
+    /// address of the host is out of service, the attempt asks for its
+    /// connection to be closed after it.
+    pub(super) fn prepare(policy: &RetryPolicy, request: &mut reqwest::Request) -> bool {
+        WATCH
+            .try_with(|watch| {
+                *lock(&watch.given) = None;
+                if policy
+                    .replicas
+                    .table
+                    .degraded(&watch.host, policy.clock.now())
+                {
+                    request.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                }
+            })
+            .is_ok()
+    }
+
+    /// What the attempt's result says of the address it went to: the
+    /// address (the answer's, else the one its new connection was given),
+    /// and, when it failed and another address of the host is healthy,
+    /// how the next attempt goes there. A throttling answer (429, 503 with
+    /// Retry-After) says "overload", not "this machine is broken": it
+    /// counts neither way.
+    pub(super) fn attribute(
+        policy: &RetryPolicy,
+        result: &reqwest_middleware::Result<reqwest::Response>,
+    ) -> (Option<SocketAddr>, Option<Elsewhere>) {
+        WATCH
+            .try_with(|watch| watch.attribute_to(policy, result))
+            .unwrap_or_default()
+    }
+
+    fn attribute_to(
+        &self,
+        policy: &RetryPolicy,
+        result: &reqwest_middleware::Result<reqwest::Response>,
+    ) -> (Option<SocketAddr>, Option<Elsewhere>) {
+        let given = *lock(&self.given);
+        let addr = match result {
+            Ok(r) => r.remote_addr().or(given),
+            Err(_) => given,
+        };
+        let Some(addr) = addr else {
+            return (None, None);
+        };
+        let failure = match result {
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let throttled = status == 429
+                    || (status == 503 && r.headers().contains_key(http::header::RETRY_AFTER));
+                if throttled {
+                    return (Some(addr), None);
+                }
+                (status >= 500).then_some(Elsewhere::AfterBackoff)
+            }
+            Err(e) => match transport_failure(e) {
+                TransportFailure::Connect | TransportFailure::Interrupted => {
+                    Some(Elsewhere::AtOnce)
+                }
+                TransportFailure::Timeout => Some(Elsewhere::AfterBackoff),
+                TransportFailure::TlsRejected | TransportFailure::Other => {
+                    return (Some(addr), None)
+                }
+            },
+        };
+        let table = &policy.replicas.table;
+        let Some(how) = failure else {
+            table.succeeded(&self.host, addr);
+            return (Some(addr), None);
+        };
+        let now = policy.clock.now();
+        table.failed(&self.host, addr, now);
+        let elsewhere = table.healthy_besides(&self.host, addr, now).then_some(how);
+        (Some(addr), elsewhere)
+    }
+}
