@@ -15,7 +15,9 @@
 //! Chains: `canned` (no middleware), `reqwest-retry`, `safe-retry`
 //! (`RetryMiddleware` with the default policy), `safe-retry-no-deadline`
 //! (the same without a deadline: no per-request timeout),
-//! `safe-retry-no-deadline-header` (the deadline kept, not sent on), `keygen` (no chain: one
+//! `safe-retry-no-deadline-header` (the deadline kept, not sent on),
+//! `safe-retry-replicas` (the default policy with its replica resolver
+//! installed in the client), `keygen` (no chain: one
 //! `IdempotencyKey::generate` per call). Every chain but `keygen` ends in a
 //! canned `200 ok` without a socket; with `http` first it ends in a real
 //! request to a local server instead, and `bare` (a plain
@@ -81,6 +83,14 @@ fn chain(name: &str, canned: bool) -> Option<ClientWithMiddleware> {
             ExponentialBackoff::builder().build_with_max_retries(2),
         )),
         "safe-retry" => builder.with(RetryMiddleware::new(RetryPolicy::default())),
+        "safe-retry-replicas" => {
+            let policy = RetryPolicy::default();
+            let http = reqwest::Client::builder()
+                .dns_resolver(policy.replica_resolver())
+                .build()
+                .expect("a client");
+            ClientBuilder::new(http).with(RetryMiddleware::new(policy))
+        }
         "safe-retry-no-deadline" => builder.with(without_deadline()),
         "safe-retry-no-deadline-header" => builder.with(RetryMiddleware::new(
             RetryPolicy::builder()
@@ -100,10 +110,11 @@ fn chain(name: &str, canned: bool) -> Option<ClientWithMiddleware> {
 fn usage() {
     eprintln!(
         "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|\
-         safe-retry-no-deadline-header|keygen> \
+         safe-retry-no-deadline-header|safe-retry-replicas|keygen> \
          <get|post> <calls>\n       instructions http \
          <bare|floor|contract|contract-own-timer|empty|reqwest-retry|safe-retry|\
-         safe-retry-no-deadline|safe-retry-no-deadline-header> <get|post> <calls>"
+         safe-retry-no-deadline|safe-retry-no-deadline-header|safe-retry-replicas> \
+         <get|post> <calls>"
     );
 }
 

@@ -247,7 +247,12 @@ impl ReplicaTable {
     /// then connections to it are not kept alive, so that no pooled
     /// connection leads back to the address that failed.
     pub fn degraded(&self, name: &str, now: Instant) -> bool {
-        lock(&self.names)
+        let names = lock(&self.names);
+        // Before any name is resolved, no key is made.
+        if names.is_empty() {
+            return false;
+        }
+        names
             .get(&key(name))
             .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
     }
