@@ -73,7 +73,7 @@ impl Default for Config {
         Self {
             methods: vec![Method::POST, Method::PATCH],
             header_name: IDEMPOTENCY_KEY,
-            require_key: true,
+            require_key: false,
             fingerprint_headers: Vec::new(),
             stored_headers: vec![header::CONTENT_TYPE],
             scope: ScopeRule::Authorization,
@@ -189,8 +189,12 @@ impl IdempotencyLayerBuilder {
         self
     }
 
-    /// Whether a request with a covered method and no key is rejected with 400
-    /// (default `true`); with `false` it passes through without protection.
+    /// Whether a request with a covered method and no key is rejected with
+    /// 400 (`true`), or passes through without protection (`false`, the
+    /// default): putting the layer on a live API must not break the
+    /// clients that send no key yet. Require it for the operations whose
+    /// documentation says a key is required, as the IETF draft puts it
+    /// (a layer of its own on those routes).
     pub fn require_key(mut self, require: bool) -> Self {
         self.config.require_key = require;
         self

@@ -53,7 +53,8 @@
 //! | in progress, same fingerprint         | `409` problem+json + `Retry-After`                       |
 //! | in progress, lease stale (first seen) | `409`; the lease is marked seen stale                    |
 //! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over: the handler runs    |
-//! | missing / empty / >255 chars key      | `400` problem+json, nothing claimed                      |
+//! | missing key (default)                 | passes through untouched                                 |
+//! | missing (`require_key(true)`), empty / >255 chars key | `400` problem+json, nothing claimed |
 //! | store unreachable (transient)         | `503` problem+json + `Retry-After`, nothing run          |
 //! | store refuses (permanent)             | `500` problem+json, nothing run                          |
 //!

@@ -1,4 +1,5 @@
-//! Key header parsing: required, bare or quoted, length limits, custom name.
+//! Key header parsing: optional by default or required, bare or quoted,
+//! length limits, custom name.
 mod support;
 use axum::http::HeaderName;
 use support::{app, post, req, send, Harness};
@@ -12,7 +13,7 @@ both_stores!(
 );
 
 async fn missing_key_is_400(h: Harness) {
-    let (router, state) = app(h.layer());
+    let (router, state) = app(h.builder().require_key(true).build().unwrap());
     let doc = send(&router, req("POST", "/payments", None, "a", &[]))
         .await
         .assert_problem(400);
@@ -60,6 +61,7 @@ async fn custom_header_name(h: Harness) {
     let layer = h
         .builder()
         .header_name(HeaderName::from_static("x-request-key"))
+        .require_key(true)
         .build()
         .unwrap();
     let (router, state) = app(layer);
@@ -70,8 +72,10 @@ async fn custom_header_name(h: Harness) {
     assert_eq!(state.runs(), 1);
 }
 
+/// By default a keyless request passes through untouched: a live API that
+/// adopts the layer keeps its clients that send no key.
 async fn optional_key_passes_through(h: Harness) {
-    let (router, state) = app(h.builder().require_key(false).build().unwrap());
+    let (router, state) = app(h.layer());
     assert_eq!(
         send(&router, req("POST", "/payments", None, "a", &[]))
             .await

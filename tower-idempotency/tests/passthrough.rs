@@ -19,7 +19,13 @@ async fn get_passes_through(h: Harness) {
 }
 
 async fn configured_methods(h: Harness) {
-    let (router, state) = app(h.builder().methods([Method::PUT]).build().unwrap());
+    let layer = h
+        .builder()
+        .methods([Method::PUT])
+        .require_key(true)
+        .build()
+        .unwrap();
+    let (router, state) = app(layer);
     send(&router, req("PUT", "/payments", None, "", &[]))
         .await
         .assert_problem(400);
