@@ -294,3 +294,62 @@ fn the_reqwest_retry_section_names_the_defaults_that_reach_further() {
         assert!(tests.contains(test), "{test}");
     }
 }
+
+/// Both READMEs' relative links name files of the repository, and each
+/// `cargo run … --example NAME` names an example of the package it
+/// names (of any default member without `-p`).
+#[test]
+fn the_readmes_links_and_example_commands_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readmes = [
+        ("", README),
+        (
+            "tower-idempotency",
+            include_str!("../../tower-idempotency/README.md"),
+        ),
+    ];
+    let mut checked = 0;
+    for (dir, text) in readmes {
+        for link in text.split("](").skip(1) {
+            let target = link.split(')').next().unwrap_or("");
+            let target = target.split('#').next().unwrap_or("");
+            if target.is_empty() || target.contains("://") {
+                continue;
+            }
+            assert!(
+                root.join(dir).join(target).exists(),
+                "{dir}/README.md links to {target}, which does not exist"
+            );
+            checked += 1;
+        }
+        for line in text.lines().filter(|l| l.contains("cargo run")) {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let after = |flag: &str| {
+                let i = words.iter().position(|w| *w == flag)?;
+                words.get(i + 1).copied()
+            };
+            let Some(example) = after("--example") else {
+                continue;
+            };
+            let example = example.trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
+            let folders: &[&str] = match after("-p") {
+                Some("reqwest-safe-retry") => &["examples"],
+                Some("reqwest-safe-retry-checks") => &["checks/examples"],
+                Some("tower-idempotency") => &["tower-idempotency/examples"],
+                Some(other) => panic!("{dir}/README.md: `{line}` names package {other}"),
+                None => &["examples", "checks/examples", "tower-idempotency/examples"],
+            };
+            assert!(
+                folders
+                    .iter()
+                    .any(|f| root.join(f).join(format!("{example}.rs")).exists()),
+                "{dir}/README.md: `{line}`: no example {example} in {folders:?}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 10,
+        "{checked} links and commands: the walk found them"
+    );
+}
