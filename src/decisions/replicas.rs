@@ -127,9 +127,15 @@ impl fmt::Debug for ReplicaTable {
     }
 }
 
-/// The table's key for a host name: lowercase, without a trailing dot.
-fn key(name: &str) -> String {
-    name.trim_end_matches('.').to_ascii_lowercase()
+/// The table's key for a host name: lowercase, without a trailing dot
+/// (a URL's host is already so: nothing is allocated for it).
+fn key(name: &str) -> std::borrow::Cow<'_, str> {
+    let name = name.trim_end_matches('.');
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        std::borrow::Cow::Owned(name.to_ascii_lowercase())
+    } else {
+        std::borrow::Cow::Borrowed(name)
+    }
 }
 
 impl ReplicaTable {
@@ -143,7 +149,7 @@ impl ReplicaTable {
             return None;
         }
         let mut names = lock(&self.names);
-        let k = key(name);
+        let k = key(name).into_owned();
         if !names.contains_key(&k) && names.len() >= MAX_NAMES {
             let idlest = names
                 .iter()
@@ -197,7 +203,7 @@ impl ReplicaTable {
     /// unless no other address of the name would be left in service.
     pub fn failed(&self, name: &str, addr: SocketAddr, now: Instant) {
         let mut names = lock(&self.names);
-        let Some(entry) = names.get_mut(&key(name)) else {
+        let Some(entry) = names.get_mut(key(name).as_ref()) else {
             return;
         };
         let others_in_service = entry
@@ -224,7 +230,7 @@ impl ReplicaTable {
     /// A success from `addr` of `name`: it is healthy again.
     pub fn succeeded(&self, name: &str, addr: SocketAddr) {
         let mut names = lock(&self.names);
-        let Some(entry) = names.get_mut(&key(name)) else {
+        let Some(entry) = names.get_mut(key(name).as_ref()) else {
             return;
         };
         if let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) {
@@ -239,7 +245,7 @@ impl ReplicaTable {
     /// `addr` is that replica's, and the next attempt goes elsewhere.
     pub fn healthy_besides(&self, name: &str, addr: SocketAddr, now: Instant) -> bool {
         lock(&self.names)
-            .get(&key(name))
+            .get(key(name).as_ref())
             .is_some_and(|n| n.addrs.iter().any(|a| a.addr != addr && a.healthy(now)))
     }
 
@@ -253,7 +259,7 @@ impl ReplicaTable {
             return false;
         }
         names
-            .get(&key(name))
+            .get(key(name).as_ref())
             .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
     }
 

@@ -2,7 +2,6 @@
 //! [`Outcome`], the verdict on it, what the answer said of its host's rate,
 //! and the [`AttemptContext`] the attempt was made with.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::decisions::{AttemptRecord, AttemptResult, RetryKind};
@@ -28,8 +27,6 @@ pub(crate) struct Signal {
     pub(crate) retry_after: Option<Duration>,
     /// The rate-limit fields it carried.
     pub(crate) rate_limit: Option<RateLimit>,
-    /// The address the attempt went to, when known.
-    pub(crate) address: Option<SocketAddr>,
     /// The failure was one replica's: another address of the host is
     /// healthy, and the next attempt goes there.
     pub(crate) elsewhere: Option<Elsewhere>,

@@ -306,9 +306,6 @@ impl<'p> Run<'p> {
     /// the sleep.
     fn decide(&mut self, verdict: Verdict, signal: Signal, now: Instant) -> Step {
         let policy = self.policy;
-        if let Some(addr) = signal.address {
-            self.report.note_address(self.attempt, addr);
-        }
         // One replica's failure, while another address of the host is
         // healthy, is no evidence against the host: neither the admission
         // nor the breaker counts it.

@@ -47,6 +47,11 @@ pub(super) fn watch_of(
     Watch::of(policy, request)
 }
 
+/// The address each attempt of the watched call in flight went to.
+pub(super) fn addresses_seen() -> Option<Box<[Option<std::net::SocketAddr>]>> {
+    Watch::addresses()
+}
+
 /// Runs `call` under its watch, if any.
 pub(super) fn watched<'a, T: Send + 'a>(
     watch: Option<std::sync::Arc<Watch>>,
@@ -130,7 +135,7 @@ impl Attempt for HttpAttempts<'_> {
             let verdict = judge.verdict(&method, cloneable, &result);
             let mut signal = judge.signal(&result, verdict);
             if watched {
-                (signal.address, signal.elsewhere) = Watch::attribute(judge.policy, &result);
+                signal.elsewhere = Watch::attribute(judge.policy, &result);
             }
             Outcome::new(result, verdict).with_signal(signal)
         }

@@ -179,6 +179,9 @@ impl Middleware for RetryMiddleware {
         // attempts in place instead of a second copy of each.
         let call = async move {
             let (result, mut report) = run.drive(&mut attempts).await;
+            if attempts.judge.policy.replicas.in_use().is_some() {
+                report.addresses = attempt::addresses_seen();
+            }
             if let Some(hedging) = &attempts.hedging {
                 let count = |n: &AtomicU32| u16::try_from(n.load(Ordering::Relaxed));
                 report.hedges = count(&hedging.sent).unwrap_or(u16::MAX);

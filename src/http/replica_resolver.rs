@@ -56,6 +56,8 @@ tokio::task_local! {
 pub(super) struct Watch {
     host: String,
     given: Mutex<Option<SocketAddr>>,
+    /// The address each attempt went to, for the report.
+    log: Mutex<Vec<Option<SocketAddr>>>,
 }
 
 /// A `reqwest` DNS resolver that sends each new connection to one healthy
@@ -146,6 +148,7 @@ impl Watch {
         Some(Arc::new(Watch {
             host: request.url().host_str()?.to_owned(),
             given: Mutex::new(None),
+            log: Mutex::new(Vec::new()),
         }))
     }
 
@@ -164,9 +167,13 @@ impl Watch {
     /// address of the host is out of service, the attempt asks for its
     /// connection to be closed after it.
     pub(super) fn prepare(policy: &RetryPolicy, request: &mut reqwest::Request) -> bool {
+        if policy.replicas.in_use().is_none() {
+            return false;
+        }
         WATCH
             .try_with(|watch| {
                 *lock(&watch.given) = None;
+                lock(&watch.log).push(None);
                 if policy
                     .replicas
                     .table
@@ -190,10 +197,28 @@ impl Watch {
     pub(super) fn attribute(
         policy: &RetryPolicy,
         result: &reqwest_middleware::Result<reqwest::Response>,
-    ) -> (Option<SocketAddr>, Option<Elsewhere>) {
-        WATCH
+    ) -> Option<Elsewhere> {
+        let (addr, elsewhere) = WATCH
             .try_with(|watch| watch.attribute_to(policy, result))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if addr.is_some() {
+            let _ = WATCH.try_with(|watch| {
+                if let Some(last) = lock(&watch.log).last_mut() {
+                    *last = addr;
+                }
+            });
+        }
+        elsewhere
+    }
+
+    /// The address each attempt of the watched call went to, `None` when
+    /// no address is known for any.
+    pub(super) fn addresses() -> Option<Box<[Option<SocketAddr>]>> {
+        WATCH
+            .try_with(|watch| std::mem::take(&mut *lock(&watch.log)))
+            .ok()
+            .filter(|log| log.iter().any(Option::is_some))
+            .map(Vec::into_boxed_slice)
     }
 
     fn attribute_to(

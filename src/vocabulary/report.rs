@@ -84,10 +84,6 @@ impl std::ops::AddAssign<Duration> for Nanos {
     }
 }
 
-/// The address each attempt went to, in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Addresses(Vec<Option<SocketAddr>>);
-
 /// The record of one logical operation.
 ///
 /// The middleware puts it in the final response's extensions
@@ -117,7 +113,7 @@ pub struct RetryReport {
     /// The address each attempt went to, where it is known (boxed: a
     /// call with no replica resolver carries one pointer for it, in the
     /// middleware's future).
-    pub(crate) addresses: Option<Box<Addresses>>,
+    pub(crate) addresses: Option<Box<[Option<SocketAddr>]>>,
 }
 
 impl RetryReport {
@@ -138,23 +134,13 @@ impl RetryReport {
         }
     }
 
-    /// Notes that attempt `attempt` (1 for the first) went to `addr`.
-    pub(crate) fn note_address(&mut self, attempt: u32, addr: SocketAddr) {
-        let addresses = &mut self.addresses.get_or_insert_with(Box::default).0;
-        let i = attempt.saturating_sub(1) as usize;
-        if addresses.len() <= i {
-            addresses.resize(i + 1, None);
-        }
-        addresses[i] = Some(addr);
-    }
-
     /// The address each attempt went to, in order (`None` where it is not
     /// known). Known when the client resolves through the policy's
     /// [`crate::ReplicaResolver`]: from the answer, or, for an attempt
     /// that failed before one, from the address its new connection was
     /// given. Empty otherwise.
     pub fn addresses(&self) -> &[Option<SocketAddr>] {
-        self.addresses.as_deref().map_or(&[], |a| a.0.as_slice())
+        self.addresses.as_deref().unwrap_or(&[])
     }
 
     /// The admission partition (by default the host) every decision of the
