@@ -33,4 +33,5 @@ pub use admission::{
 pub use backoff::{Backoff, Jitter};
 pub use hedge::HedgeConfig;
 pub(crate) use hedge::Hedger;
+pub(crate) use replicas::NameKey;
 pub use replicas::ReplicaTable;

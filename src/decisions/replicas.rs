@@ -54,8 +54,10 @@
 //! The table is bounded ([`MAX_NAMES`] names, the idlest dropped first) and
 //! takes instants from its caller: no clock, no I/O.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -116,8 +118,16 @@ struct Name {
 /// calls. Thread-safe and bounded in memory.
 #[derive(Default)]
 pub struct ReplicaTable {
-    names: Mutex<HashMap<String, Name>>,
+    names: Mutex<HashMap<NameKey, Name>>,
+    /// Seeded per table: names are kept by a digest, made without an
+    /// allocation on every answer.
+    hasher: RandomState,
 }
+
+/// A name's key in a [`ReplicaTable`]: a digest of the name, lowercase and
+/// without a trailing dot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct NameKey(u64);
 
 impl fmt::Debug for ReplicaTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -127,18 +137,16 @@ impl fmt::Debug for ReplicaTable {
     }
 }
 
-/// The table's key for a host name: lowercase, without a trailing dot
-/// (a URL's host is already so: nothing is allocated for it).
-fn key(name: &str) -> std::borrow::Cow<'_, str> {
-    let name = name.trim_end_matches('.');
-    if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        std::borrow::Cow::Owned(name.to_ascii_lowercase())
-    } else {
-        std::borrow::Cow::Borrowed(name)
-    }
-}
-
 impl ReplicaTable {
+    /// The key of `name`: lowercase, without a trailing dot.
+    pub(crate) fn key(&self, name: &str) -> NameKey {
+        let mut h = self.hasher.build_hasher();
+        for b in name.trim_end_matches('.').bytes() {
+            h.write_u8(b.to_ascii_lowercase());
+        }
+        NameKey(h.finish())
+    }
+
     /// The address a new connection to `name` goes to, among `resolved`
     /// (what the name resolves to now): a probe of an ejected address
     /// whose ejection is over, else the next healthy address in turn, else
@@ -148,13 +156,10 @@ impl ReplicaTable {
         if resolved.is_empty() {
             return None;
         }
+        let k = self.key(name);
         let mut names = lock(&self.names);
-        let k = key(name).into_owned();
         if !names.contains_key(&k) && names.len() >= MAX_NAMES {
-            let idlest = names
-                .iter()
-                .min_by_key(|(_, n)| n.used)
-                .map(|(k, _)| k.clone());
+            let idlest = names.iter().min_by_key(|(_, n)| n.used).map(|(k, _)| *k);
             if let Some(idlest) = idlest {
                 names.remove(&idlest);
             }
@@ -202,8 +207,12 @@ impl ReplicaTable {
     /// A failure attributed to `addr` of `name` at `now`: it is ejected,
     /// unless no other address of the name would be left in service.
     pub fn failed(&self, name: &str, addr: SocketAddr, now: Instant) {
+        self.failed_at(self.key(name), addr, now);
+    }
+
+    pub(crate) fn failed_at(&self, name: NameKey, addr: SocketAddr, now: Instant) {
         let mut names = lock(&self.names);
-        let Some(entry) = names.get_mut(key(name).as_ref()) else {
+        let Some(entry) = names.get_mut(&name) else {
             return;
         };
         let others_in_service = entry
@@ -229,8 +238,12 @@ impl ReplicaTable {
 
     /// A success from `addr` of `name`: it is healthy again.
     pub fn succeeded(&self, name: &str, addr: SocketAddr) {
+        self.succeeded_at(self.key(name), addr);
+    }
+
+    pub(crate) fn succeeded_at(&self, name: NameKey, addr: SocketAddr) {
         let mut names = lock(&self.names);
-        let Some(entry) = names.get_mut(key(name).as_ref()) else {
+        let Some(entry) = names.get_mut(&name) else {
             return;
         };
         if let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) {
@@ -244,8 +257,12 @@ impl ReplicaTable {
     /// (in service, no failure since its last success): then a failure of
     /// `addr` is that replica's, and the next attempt goes elsewhere.
     pub fn healthy_besides(&self, name: &str, addr: SocketAddr, now: Instant) -> bool {
+        self.healthy_besides_at(self.key(name), addr, now)
+    }
+
+    pub(crate) fn healthy_besides_at(&self, name: NameKey, addr: SocketAddr, now: Instant) -> bool {
         lock(&self.names)
-            .get(key(name).as_ref())
+            .get(&name)
             .is_some_and(|n| n.addrs.iter().any(|a| a.addr != addr && a.healthy(now)))
     }
 
@@ -253,13 +270,12 @@ impl ReplicaTable {
     /// then connections to it are not kept alive, so that no pooled
     /// connection leads back to the address that failed.
     pub fn degraded(&self, name: &str, now: Instant) -> bool {
-        let names = lock(&self.names);
-        // Before any name is resolved, no key is made.
-        if names.is_empty() {
-            return false;
-        }
-        names
-            .get(key(name).as_ref())
+        self.degraded_at(self.key(name), now)
+    }
+
+    pub(crate) fn degraded_at(&self, name: NameKey, now: Instant) -> bool {
+        lock(&self.names)
+            .get(&name)
             .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
     }
 

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
+use crate::decisions::NameKey;
 use crate::engine::{Elsewhere, RetryPolicy};
 use crate::signals::{transport_failure, TransportFailure};
 use crate::vocabulary::{lock, BoxFuture};
@@ -54,10 +55,30 @@ tokio::task_local! {
 /// connection was given. It lives in a task-local around the whole call,
 /// so that the attempt loop's future carries nothing for it.
 pub(super) struct Watch {
-    host: String,
-    given: Mutex<Option<SocketAddr>>,
-    /// The address each attempt went to, for the report.
-    log: Mutex<Vec<Option<SocketAddr>>>,
+    host: NameKey,
+    state: Mutex<Seen>,
+}
+
+/// What a watched call has seen so far.
+#[derive(Default)]
+struct Seen {
+    /// The address the resolver gave the current attempt's connection.
+    given: Option<SocketAddr>,
+    /// The address each attempt went to, for the report: the first
+    /// inline, so a call of one attempt allocates nothing for it.
+    first: Option<SocketAddr>,
+    rest: Vec<Option<SocketAddr>>,
+    attempts: u32,
+}
+
+impl Seen {
+    fn current(&mut self) -> Option<&mut Option<SocketAddr>> {
+        match self.attempts {
+            0 => None,
+            1 => Some(&mut self.first),
+            _ => self.rest.last_mut(),
+        }
+    }
 }
 
 /// A `reqwest` DNS resolver that sends each new connection to one healthy
@@ -132,7 +153,7 @@ impl Resolve for ReplicaResolver {
                 return Err(format!("{host} resolved to no address").into());
             };
             if let Some(watch) = watch {
-                *lock(&watch.given) = Some(chosen);
+                lock(&watch.state).given = Some(chosen);
             }
             let addrs: Addrs = Box::new(std::iter::once(chosen));
             Ok(addrs)
@@ -144,11 +165,10 @@ impl Watch {
     /// The watch of a call to `request`'s host, when the policy's table
     /// is read by a resolver and the request names a host.
     pub(super) fn of(policy: &RetryPolicy, request: &reqwest::Request) -> Option<Arc<Watch>> {
-        policy.replicas.in_use()?;
+        let table = policy.replicas.in_use()?;
         Some(Arc::new(Watch {
-            host: request.url().host_str()?.to_owned(),
-            given: Mutex::new(None),
-            log: Mutex::new(Vec::new()),
+            host: table.key(request.url().host_str()?),
+            state: Mutex::default(),
         }))
     }
 
@@ -172,12 +192,18 @@ impl Watch {
         }
         WATCH
             .try_with(|watch| {
-                *lock(&watch.given) = None;
-                lock(&watch.log).push(None);
+                {
+                    let mut seen = lock(&watch.state);
+                    seen.given = None;
+                    seen.attempts += 1;
+                    if seen.attempts > 1 {
+                        seen.rest.push(None);
+                    }
+                }
                 if policy
                     .replicas
                     .table
-                    .degraded(&watch.host, policy.clock.now())
+                    .degraded_at(watch.host, policy.clock.now())
                 {
                     request.headers_mut().insert(
                         http::header::CONNECTION,
@@ -198,41 +224,45 @@ impl Watch {
         policy: &RetryPolicy,
         result: &reqwest_middleware::Result<reqwest::Response>,
     ) -> Option<Elsewhere> {
-        let (addr, elsewhere) = WATCH
+        WATCH
             .try_with(|watch| watch.attribute_to(policy, result))
-            .unwrap_or_default();
-        if addr.is_some() {
-            let _ = WATCH.try_with(|watch| {
-                if let Some(last) = lock(&watch.log).last_mut() {
-                    *last = addr;
-                }
-            });
-        }
-        elsewhere
+            .ok()
+            .flatten()
     }
 
     /// The address each attempt of the watched call went to, `None` when
     /// no address is known for any.
     pub(super) fn addresses() -> Option<Box<[Option<SocketAddr>]>> {
         WATCH
-            .try_with(|watch| std::mem::take(&mut *lock(&watch.log)))
+            .try_with(|watch| {
+                let seen = std::mem::take(&mut *lock(&watch.state));
+                if seen.first.is_none() && seen.rest.iter().all(Option::is_none) {
+                    return None;
+                }
+                let mut all = Vec::with_capacity(1 + seen.rest.len());
+                all.push(seen.first);
+                all.extend(seen.rest);
+                Some(all.into_boxed_slice())
+            })
             .ok()
-            .filter(|log| log.iter().any(Option::is_some))
-            .map(Vec::into_boxed_slice)
+            .flatten()
     }
 
     fn attribute_to(
         &self,
         policy: &RetryPolicy,
         result: &reqwest_middleware::Result<reqwest::Response>,
-    ) -> (Option<SocketAddr>, Option<Elsewhere>) {
-        let given = *lock(&self.given);
-        let addr = match result {
-            Ok(r) => r.remote_addr().or(given),
-            Err(_) => given,
-        };
-        let Some(addr) = addr else {
-            return (None, None);
+    ) -> Option<Elsewhere> {
+        let addr = {
+            let mut seen = lock(&self.state);
+            let addr = match result {
+                Ok(r) => r.remote_addr().or(seen.given),
+                Err(_) => seen.given,
+            };
+            if let Some(slot) = seen.current() {
+                *slot = addr;
+            }
+            addr?
         };
         let failure = match result {
             Ok(r) => {
@@ -240,7 +270,7 @@ impl Watch {
                 let throttled = status == 429
                     || (status == 503 && r.headers().contains_key(http::header::RETRY_AFTER));
                 if throttled {
-                    return (Some(addr), None);
+                    return None;
                 }
                 (status >= 500).then_some(Elsewhere::AfterBackoff)
             }
@@ -249,19 +279,18 @@ impl Watch {
                     Some(Elsewhere::AtOnce)
                 }
                 TransportFailure::Timeout => Some(Elsewhere::AfterBackoff),
-                TransportFailure::TlsRejected | TransportFailure::Other => {
-                    return (Some(addr), None)
-                }
+                TransportFailure::TlsRejected | TransportFailure::Other => return None,
             },
         };
         let table = &policy.replicas.table;
         let Some(how) = failure else {
-            table.succeeded(&self.host, addr);
-            return (Some(addr), None);
+            table.succeeded_at(self.host, addr);
+            return None;
         };
         let now = policy.clock.now();
-        table.failed(&self.host, addr, now);
-        let elsewhere = table.healthy_besides(&self.host, addr, now).then_some(how);
-        (Some(addr), elsewhere)
+        table.failed_at(self.host, addr, now);
+        table
+            .healthy_besides_at(self.host, addr, now)
+            .then_some(how)
     }
 }

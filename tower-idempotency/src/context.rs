@@ -67,6 +67,7 @@ impl IdempotencyContext {
     /// Notes that the handler completed its key itself (in its own
     /// transaction), so that the layer, finding the key completed, answers
     /// with the handler's response instead of treating the lease as lost.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only the transactional mode calls it
     pub(crate) fn note_completed(&self) {
         self.kept.note_completed_in_tx();
     }

@@ -70,6 +70,7 @@ impl Kept {
     /// Notes that the handler completed the key in its own transaction, so
     /// the layer's own completion finding the key completed is no lost
     /// lease.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only the transactional mode calls it
     pub(crate) fn note_completed_in_tx(&self) {
         self.completed_in_tx.store(true, Ordering::Release);
     }

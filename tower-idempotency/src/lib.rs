@@ -147,7 +147,7 @@
 //! # Stores
 //!
 //! [`MemoryStore`] keeps a bounded number of records in the process (one
-//! instance, tests). `PostgresStore` (feature `postgres`, on by default)
+//! instance, tests). `PostgresStore` (feature `postgres`, off by default)
 //! shares them between instances, uses the database's clock for every
 //! timestamp, and can complete a key inside the handler's own transaction.
 //!
