@@ -59,6 +59,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -119,6 +120,10 @@ struct Name {
 #[derive(Default)]
 pub struct ReplicaTable {
     names: Mutex<HashMap<NameKey, Name>>,
+    /// Addresses kept with a failure since their last success: while
+    /// there are none (the usual case), an answer or a degraded check
+    /// takes no lock.
+    struck: AtomicUsize,
     /// Seeded per table: names are kept by a digest, made without an
     /// allocation on every answer.
     hasher: RandomState,
@@ -140,9 +145,13 @@ impl fmt::Debug for ReplicaTable {
 impl ReplicaTable {
     /// The key of `name`: lowercase, without a trailing dot.
     pub(crate) fn key(&self, name: &str) -> NameKey {
+        let name = name.trim_end_matches('.');
         let mut h = self.hasher.build_hasher();
-        for b in name.trim_end_matches('.').bytes() {
-            h.write_u8(b.to_ascii_lowercase());
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            h.write(name.to_ascii_lowercase().as_bytes());
+        } else {
+            // A URL's host is already lowercase: hashed as it is.
+            h.write(name.as_bytes());
         }
         NameKey(h.finish())
     }
@@ -161,7 +170,10 @@ impl ReplicaTable {
         if !names.contains_key(&k) && names.len() >= MAX_NAMES {
             let idlest = names.iter().min_by_key(|(_, n)| n.used).map(|(k, _)| *k);
             if let Some(idlest) = idlest {
-                names.remove(&idlest);
+                if let Some(gone) = names.remove(&idlest) {
+                    let struck = gone.addrs.iter().filter(|a| a.strikes > 0).count();
+                    self.struck.fetch_sub(struck, Ordering::Relaxed);
+                }
             }
         }
         let entry = names.entry(k).or_insert_with(|| Name {
@@ -172,7 +184,10 @@ impl ReplicaTable {
         entry.used = now;
         // What the name resolves to now: known addresses keep their
         // record, new ones start healthy, gone ones are forgotten.
+        let before = entry.addrs.iter().filter(|a| a.strikes > 0).count();
         entry.addrs.retain(|a| resolved.contains(&a.addr));
+        let after = entry.addrs.iter().filter(|a| a.strikes > 0).count();
+        self.struck.fetch_sub(before - after, Ordering::Relaxed);
         for addr in resolved.iter().take(MAX_ADDRS) {
             if !entry.addrs.iter().any(|a| a.addr == *addr) {
                 entry.addrs.push(Addr::new(*addr));
@@ -223,6 +238,9 @@ impl ReplicaTable {
         let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) else {
             return;
         };
+        if a.strikes == 0 {
+            self.struck.fetch_add(1, Ordering::Relaxed);
+        }
         a.strikes = a.strikes.saturating_add(1);
         a.probing = false;
         if others_in_service > 0 {
@@ -242,12 +260,18 @@ impl ReplicaTable {
     }
 
     pub(crate) fn succeeded_at(&self, name: NameKey, addr: SocketAddr) {
+        if self.struck.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut names = lock(&self.names);
         let Some(entry) = names.get_mut(&name) else {
             return;
         };
         if let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) {
             if a.strikes > 0 || a.probing {
+                if a.strikes > 0 {
+                    self.struck.fetch_sub(1, Ordering::Relaxed);
+                }
                 *a = Addr::new(addr);
             }
         }
@@ -274,6 +298,10 @@ impl ReplicaTable {
     }
 
     pub(crate) fn degraded_at(&self, name: NameKey, now: Instant) -> bool {
+        // Out of service implies a failure since the last success.
+        if self.struck.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         lock(&self.names)
             .get(&name)
             .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
