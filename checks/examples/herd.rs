@@ -121,8 +121,10 @@ struct BrookerArgs {
     /// and plots.
     #[arg(long)]
     csv: bool,
-    /// Where the plots go (without `--csv`).
-    #[arg(long, default_value = "bench-results")]
+    /// Where the plots go (without `--csv`): under `target/` by default,
+    /// so a run leaves the checkout clean; `--out-dir bench-results`
+    /// replaces the plots BENCHMARKS.md shows.
+    #[arg(long, default_value = "target/herd")]
     out_dir: PathBuf,
 }
 
@@ -186,8 +188,10 @@ struct BlipArgs {
     /// Skip the quiet-process scenario.
     #[arg(long)]
     no_quiet: bool,
-    /// Where the plot goes.
-    #[arg(long, default_value = "bench-results")]
+    /// Where the plot goes: under `target/` by default, so a run leaves
+    /// the checkout clean; `--out-dir bench-results` replaces the plot
+    /// BENCHMARKS.md shows.
+    #[arg(long, default_value = "target/herd")]
     out_dir: PathBuf,
 }
 

@@ -9,7 +9,7 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,84 +17,21 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 const CALLS: usize = 300;
 const IN_FLIGHT: usize = 8;
 const WAIT: Duration = Duration::from_secs(3);
 
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Mode {
-    Healthy,
-    Resets,
-    Answers503,
-}
+#[path = "../tests/support/replicas.rs"]
+mod servers;
 
-#[derive(Clone)]
-struct Replica {
-    mode: Arc<AtomicU8>,
-    requests: Arc<AtomicUsize>,
-}
+use servers::{Replica, ANSWERS_503, RESETS};
 
-async fn read_head(socket: &mut TcpStream) -> bool {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match socket.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    true
-}
-
-async fn serve(listener: TcpListener, replica: Replica) {
-    while let Ok((mut socket, _)) = listener.accept().await {
-        let replica = replica.clone();
-        tokio::spawn(async move {
-            while read_head(&mut socket).await {
-                replica.requests.fetch_add(1, Ordering::SeqCst);
-                let answer: &[u8] = match replica.mode.load(Ordering::SeqCst) {
-                    1 => {
-                        let _ = socket.set_zero_linger();
-                        return;
-                    }
-                    2 => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n",
-                    _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
-                };
-                if socket.write_all(answer).await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
-}
-
-async fn replicas(broken: Mode) -> (Vec<SocketAddr>, Vec<Replica>) {
-    loop {
-        let first = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = first.local_addr().unwrap().port();
-        let (Ok(second), Ok(third)) = (
-            TcpListener::bind(("127.0.0.2", port)).await,
-            TcpListener::bind(("127.0.0.3", port)).await,
-        ) else {
-            continue;
-        };
-        let mut addrs = Vec::new();
-        let mut all = Vec::new();
-        for (i, listener) in [first, second, third].into_iter().enumerate() {
-            addrs.push(listener.local_addr().unwrap());
-            let mode = if i == 0 { broken } else { Mode::Healthy };
-            let replica = Replica {
-                mode: Arc::new(AtomicU8::new(mode as u8)),
-                requests: Arc::default(),
-            };
-            all.push(replica.clone());
-            tokio::spawn(serve(listener, replica));
-        }
-        return (addrs, all);
-    }
+/// Three replicas, the first doing `broken`.
+async fn replicas(broken: u8) -> (Vec<SocketAddr>, Vec<Replica>) {
+    let (addrs, all) = servers::replicas().await;
+    all[0].set(broken);
+    (addrs, all)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -178,8 +115,8 @@ async fn main() {
     println!("| the broken replica | client | succeeded | p50 | p99 | attempts | on the broken replica |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     for (broken, label) in [
-        (Mode::Resets, "reads each request, then resets"),
-        (Mode::Answers503, "answers every request 503"),
+        (RESETS, "reads each request, then resets"),
+        (ANSWERS_503, "answers every request 503"),
     ] {
         for (kind, name) in [
             (Client::ReqwestRetry, "reqwest-retry 0.9"),
@@ -191,10 +128,7 @@ async fn main() {
         ] {
             let (addrs, servers) = replicas(broken).await;
             let (ok, times) = run(client(kind, &addrs)).await;
-            let counts: Vec<usize> = servers
-                .iter()
-                .map(|s| s.requests.load(Ordering::SeqCst))
-                .collect();
+            let counts: Vec<usize> = servers.iter().map(Replica::requests).collect();
             let all: usize = counts.iter().sum();
             let p = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
             println!(

@@ -16,8 +16,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use replicas::read_head;
+
 pub mod canned;
 pub mod payments;
+pub mod replicas;
 pub mod spans;
 
 /// A policy builder with a manual clock (sleeps are recorded, never slept) and
@@ -146,19 +149,6 @@ pub async fn faulty_server(fault: Fault) -> (SocketAddr, Arc<AtomicUsize>) {
         }
     });
     (addr, count)
-}
-
-/// Reads until the end of the request head (and ignores any body).
-async fn read_head(socket: &mut tokio::net::TcpStream) -> bool {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        match socket.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    true
 }
 
 /// An address on which nothing listens: connecting is refused.
