@@ -277,17 +277,21 @@ impl ReplicaTable {
         }
     }
 
-    /// Whether an address of `name` other than `addr` is healthy at `now`
-    /// (in service, no failure since its last success): then a failure of
-    /// `addr` is that replica's, and the next attempt goes elsewhere.
+    /// Whether `addr` is one of `name`'s addresses and another of them is
+    /// healthy at `now` (in service, no failure since its last success):
+    /// then a failure of `addr` is that replica's, and the next attempt
+    /// goes elsewhere.
     pub fn healthy_besides(&self, name: &str, addr: SocketAddr, now: Instant) -> bool {
         self.healthy_besides_at(self.key(name), addr, now)
     }
 
     pub(crate) fn healthy_besides_at(&self, name: NameKey, addr: SocketAddr, now: Instant) -> bool {
-        lock(&self.names)
-            .get(&name)
-            .is_some_and(|n| n.addrs.iter().any(|a| a.addr != addr && a.healthy(now)))
+        // An address not of this name (the answer of a redirect to another
+        // host) says nothing of this name's replicas.
+        lock(&self.names).get(&name).is_some_and(|n| {
+            n.addrs.iter().any(|a| a.addr == addr)
+                && n.addrs.iter().any(|a| a.addr != addr && a.healthy(now))
+        })
     }
 
     /// Whether any address of `name` is ejected or being probed at `now`:

@@ -127,3 +127,15 @@ fn the_table_is_bounded() {
     }
     assert_eq!(t.len(), MAX_NAMES);
 }
+
+#[test]
+fn an_address_of_another_name_is_no_replica_of_this_one() {
+    // A redirect's answer comes from another host's address: it neither
+    // counts against this name nor sends the retry elsewhere.
+    let (t, addrs, now) = (ReplicaTable::default(), three(), Instant::now());
+    t.pick("svc", &addrs, now);
+    let stranger: SocketAddr = "192.0.2.7:80".parse().unwrap();
+    t.failed("svc", stranger, now);
+    assert!(!t.healthy_besides("svc", stranger, now));
+    assert!(!t.degraded("svc", now));
+}
