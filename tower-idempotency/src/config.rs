@@ -50,6 +50,18 @@ pub(crate) struct Config {
 }
 
 impl Config {
+    /// Whether a handler's answer with `status` frees its key instead of
+    /// being stored: the release statuses, and always 401 and 403. An
+    /// unauthenticated or forbidden answer ran nothing a retry could
+    /// repeat; stored, it would keep a record per made-up credential (the
+    /// scope is the `Authorization` digest), and a flood of them could fill
+    /// the store against every genuine caller.
+    pub(crate) fn frees_key(&self, status: StatusCode) -> bool {
+        status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::FORBIDDEN
+            || self.release_statuses.contains(&status)
+    }
+
     /// The claim of `key` under `scope`, with this layer's lock timeout and
     /// expiry.
     pub(crate) fn claim<'a>(
@@ -287,8 +299,10 @@ impl IdempotencyLayerBuilder {
 
     /// Handler statuses that free the key instead of being stored, so that a
     /// retry runs the handler again (default `400`, `415`, `422`: request
-    /// validation that ran before any effect, as Stripe). Every other status
-    /// is stored and replayed, 5xx and 429 included. Add 5xx or 429 here only
+    /// validation that ran before any effect, as Stripe). `401` and `403`
+    /// always free it, whatever this list: an unauthenticated answer is
+    /// never stored. Every other status is stored and replayed, 5xx and
+    /// 429 included. Add 5xx or 429 here only
     /// if your handlers guarantee they answered them before any effect.
     /// Only 4xx and 5xx statuses may be listed.
     pub fn release_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {

@@ -75,7 +75,8 @@
 //!
 //! A key is freed only when the handler provably did no work: the
 //! request-validation statuses `400`, `415` and `422` (configurable with
-//! [`IdempotencyLayerBuilder::release_statuses`]). Every other answer is
+//! [`IdempotencyLayerBuilder::release_statuses`]), and `401` and `403`
+//! always: an unauthenticated answer is never stored. Every other answer is
 //! stored, `5xx` and `429` included (the handler may have done its effect
 //! before failing, as Stripe assumes). A store that fails to save it is
 //! tried again for [`IdempotencyLayerBuilder::completion_patience`] (10

@@ -195,7 +195,7 @@ where
             ));
         }
     };
-    if config.release_statuses.contains(&response.status()) {
+    if config.frees_key(response.status()) {
         rollback(tx).await;
         return Ok(response);
     }

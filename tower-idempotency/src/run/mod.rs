@@ -123,7 +123,7 @@ where
             Ok(Ok(response)) => {
                 let (parts, body) = response.into_parts();
                 let status = parts.status;
-                if config.release_statuses.contains(&status) {
+                if config.frees_key(status) {
                     claim.release().await;
                     Ok(Response::from_parts(parts, body))
                 } else {
