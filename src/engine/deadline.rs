@@ -24,12 +24,13 @@
 //! service from the request it is serving.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::vocabulary::{lock, StopReason};
+use crate::vocabulary::{derivation_seed, lock, SharedKey, StopReason};
 
 tokio::task_local! {
     static INHERITED: InheritedDeadline;
@@ -93,6 +94,17 @@ pub struct InheritedDeadline {
     /// When the caller stops waiting, on tokio's clock (paused in tests).
     at: Option<Instant>,
     gave_up: Arc<Mutex<Option<StopReason>>>,
+    /// The request's own Idempotency-Key, when it had one: the keys of the
+    /// calls made on its behalf derive from it.
+    incoming: Option<Arc<Incoming>>,
+}
+
+/// A served request's key, as the seed its calls' keys derive from, and
+/// how many keyed calls were made so far.
+#[derive(Debug)]
+struct Incoming {
+    seed: [u8; 32],
+    calls: AtomicU32,
 }
 
 impl InheritedDeadline {
@@ -118,10 +130,12 @@ impl InheritedDeadline {
                     (a, b) => a.or(b),
                 },
                 gave_up: outer.gave_up,
+                incoming: outer.incoming,
             },
             None => InheritedDeadline {
                 at,
                 gave_up: Arc::default(),
+                incoming: None,
             },
         }
     }
@@ -137,6 +151,57 @@ impl InheritedDeadline {
     /// (attempts exhausted, deadline, budget…), if one did not.
     pub fn gave_up(&self) -> Option<StopReason> {
         *lock(&self.gave_up)
+    }
+
+    /// The same scope, serving a request whose own `Idempotency-Key` is
+    /// `key`, sent by `caller` (its `Authorization`, or empty): each keyed
+    /// call made inside it (a POST or PATCH through the middleware, with no
+    /// key of its own) gets a key derived from the two and from its place
+    /// in order, the first call the first key and so on. A handler that
+    /// runs again for the same request (a retry its own store let through,
+    /// a takeover by another replica) makes its calls in the same order,
+    /// with the same keys, so a downstream service that honours keys runs
+    /// each effect once. Two callers' requests with the same key derive
+    /// different keys.
+    ///
+    /// [`crate::InheritDeadlineLayer`] sets it from the request's headers.
+    ///
+    /// ```
+    /// use reqwest_safe_retry::InheritedDeadline;
+    ///
+    /// let scope = InheritedDeadline::unlimited().serving_key(b"Bearer alice", "order-17");
+    /// let first = scope.derive_key();
+    /// assert_eq!(first, scope.clone().serving_key(b"Bearer alice", "order-17").derive_key());
+    /// assert_ne!(first, scope.derive_key(), "the second call's key");
+    /// ```
+    #[must_use]
+    pub fn serving_key(mut self, caller: &[u8], key: &str) -> Self {
+        self.incoming = Some(Arc::new(Incoming {
+            seed: derivation_seed(caller, key),
+            calls: AtomicU32::new(0),
+        }));
+        self
+    }
+
+    /// A scope with no limit of its own, nested in the current one.
+    pub fn unlimited() -> Self {
+        InheritedDeadline::within_current(None)
+    }
+
+    /// The key of the next keyed call made in this scope, when it serves a
+    /// request with a key ([`InheritedDeadline::serving_key`]).
+    pub fn derive_key(&self) -> Option<String> {
+        self.next_key().map(|k| k.as_str().to_owned())
+    }
+
+    /// The next derived key, shared with the header and the report.
+    pub(crate) fn next_key(&self) -> Option<SharedKey> {
+        let incoming = self.incoming.as_ref()?;
+        let ordinal = incoming
+            .calls
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
+        Some(SharedKey::derived(&incoming.seed, ordinal))
     }
 
     /// Runs `future` inside this scope: the calls it makes inherit it.

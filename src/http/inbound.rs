@@ -47,6 +47,7 @@ use tower_service::Service;
 
 use crate::engine::InheritedDeadline;
 use crate::signals::retried_by_a_keyed_client;
+use crate::vocabulary::IdempotencyKey;
 
 use super::deadline_header::{time_left_in, DEFAULT_DEADLINE_HEADER};
 use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
@@ -73,6 +74,14 @@ use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 ///   false`, replacing an upstream's `true` handed on with the answer: the
 ///   handler's calls were the one retry layer ([`crate::GiveUp`] says
 ///   why), and an upstream's "retry" is not this service's to give.
+/// - When the request carries an `Idempotency-Key` (another name with
+///   [`InheritDeadlineLayer::key_header`]; none with
+///   [`InheritDeadlineLayer::no_derived_keys`]), the keyed calls the
+///   handler makes with this crate's client carry keys derived from it and
+///   from the request's `Authorization` ([`InheritedDeadline::serving_key`]):
+///   a handler run twice for one request (a retry, a takeover by another
+///   replica) sends the same keys downstream, so a downstream service that
+///   honours keys runs each effect once. A malformed key derives nothing.
 ///
 /// The layer does not cut a handler short when the time runs out: the
 /// handler's calls stop by themselves, and hyper drops a handler whose
@@ -82,6 +91,7 @@ use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 pub struct InheritDeadlineLayer {
     header: HeaderName,
     verdict: Option<HeaderName>,
+    key_header: Option<HeaderName>,
 }
 
 impl InheritDeadlineLayer {
@@ -90,7 +100,22 @@ impl InheritDeadlineLayer {
         InheritDeadlineLayer {
             header: HeaderName::from_static(DEFAULT_DEADLINE_HEADER),
             verdict: Some(HeaderName::from_static(DEFAULT_VERDICT_HEADER)),
+            key_header: Some(HeaderName::from_static("idempotency-key")),
         }
+    }
+
+    /// Derive the handler's calls' keys from this request header (match
+    /// the server's key header).
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key_header = Some(name);
+        self
+    }
+
+    /// Never derive the handler's calls' keys from the request's: each
+    /// keyed call gets a fresh key, as outside a handler.
+    pub fn no_derived_keys(mut self) -> Self {
+        self.key_header = None;
+        self
     }
 
     /// Read the time left from this header (match the callers'
@@ -111,6 +136,19 @@ impl InheritDeadlineLayer {
     pub fn no_verdict(mut self) -> Self {
         self.verdict = None;
         self
+    }
+}
+
+impl InheritDeadlineLayer {
+    /// The request's own key, read as the server reads it (bare or as a
+    /// structured-field string); `None` when absent, repeated or malformed.
+    fn incoming_key(&self, headers: &http::HeaderMap) -> Option<IdempotencyKey> {
+        let mut values = headers.get_all(self.key_header.as_ref()?).iter();
+        let first = values.next()?;
+        if values.next().is_some() {
+            return None;
+        }
+        IdempotencyKey::from_header(first).ok()
     }
 }
 
@@ -155,7 +193,14 @@ where
         let left = time_left_in(request.headers(), &self.layer.header);
         // A limit too far to represent is no limit.
         let at = left.and_then(|left| Instant::now().checked_add(left));
-        let scope = InheritedDeadline::within_current(at);
+        let mut scope = InheritedDeadline::within_current(at);
+        if let Some(key) = self.layer.incoming_key(request.headers()) {
+            let caller = request
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map_or(&b""[..], |v| v.as_bytes());
+            scope = scope.serving_key(caller, key.as_str());
+        }
         let verdict = self.layer.verdict.clone();
         if left == Some(Duration::ZERO) || scope.time_left() == Some(Duration::ZERO) {
             let mut response = http::Response::new(ResBody::default());

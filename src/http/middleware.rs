@@ -22,7 +22,9 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
-use crate::engine::{deadline, KeyChoice, Limits, RequestOptions, RetryPolicy, Run};
+use crate::engine::{
+    deadline, InheritedDeadline, KeyChoice, Limits, RequestOptions, RetryPolicy, Run,
+};
 use crate::vocabulary::{
     BoxFuture, IdempotencyKey, KeyError, Partition, ReportSlot, RetryReport, Route, SharedKey,
     StopReason,
@@ -230,8 +232,13 @@ impl RetryMiddleware {
         let key = match options.map_or(&KeyChoice::Auto, |o| &o.key) {
             KeyChoice::Skip => return Ok((None, None)),
             KeyChoice::Use(key) => SharedKey::from(key.clone()),
+            // Inside a handler serving a keyed request, derived from its
+            // key: the same call of a handler that runs again gets the
+            // same key.
             KeyChoice::Auto if settings.key_methods.contains(request.method()) => {
-                SharedKey::generate(settings.key_generator)
+                InheritedDeadline::current()
+                    .and_then(|scope| scope.next_key())
+                    .unwrap_or_else(|| SharedKey::generate(settings.key_generator))
             }
             KeyChoice::Auto => return Ok((None, None)),
         };

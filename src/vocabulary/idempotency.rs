@@ -146,6 +146,43 @@ impl SharedKey {
     }
 }
 
+impl SharedKey {
+    /// The `ordinal`th key derived from `seed` (a digest of a request's own
+    /// key and its caller): the same seed and ordinal give the same key, on
+    /// every machine and version, in the shape of a UUID (version 8).
+    pub(crate) fn derived(seed: &[u8; 32], ordinal: u32) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(seed)
+            .chain_update(ordinal.to_be_bytes())
+            .finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        let mut text = [0; UUID_LEN];
+        uuid::Builder::from_custom_bytes(bytes)
+            .into_uuid()
+            .hyphenated()
+            .encode_lower(&mut text);
+        SharedKey(Bytes::from_owner(text))
+    }
+}
+
+/// The seed of the keys derived from a request's `key` for its `caller`
+/// (the request's `Authorization`, or nothing): two callers' requests with
+/// the same key never derive the same keys.
+pub(crate) fn derivation_seed(caller: &[u8], key: &str) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let len = |n: usize| u64::try_from(n).unwrap_or(u64::MAX).to_be_bytes();
+    Sha256::new()
+        .chain_update(b"reqwest-safe-retry derived key 1")
+        .chain_update(len(caller.len()))
+        .chain_update(caller)
+        .chain_update(len(key.len()))
+        .chain_update(key.as_bytes())
+        .finalize()
+        .into()
+}
+
 impl From<IdempotencyKey> for SharedKey {
     fn from(key: IdempotencyKey) -> Self {
         SharedKey(Bytes::from(key.0))

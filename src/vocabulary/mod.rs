@@ -28,7 +28,7 @@ mod route;
 pub(crate) use draw::uniform;
 pub use error::{ConfigError, KeyError};
 pub(crate) use future::BoxFuture;
-pub(crate) use idempotency::SharedKey;
+pub(crate) use idempotency::{derivation_seed, SharedKey};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub(crate) use lock::lock;
 pub use partition::Partition;
