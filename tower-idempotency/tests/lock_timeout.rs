@@ -11,6 +11,8 @@ both_stores!(
     live_handler_outlives_its_expiry,
     dead_owner_is_taken_over,
     owner_back_from_an_outage_keeps_its_key,
+    owner_back_from_an_outage_longer_than_the_expiry_keeps_its_key,
+    an_expired_record_in_progress_is_swept_in_two_steps,
     takeover_needs_same_fingerprint
 );
 
@@ -187,4 +189,77 @@ async fn takeover_needs_same_fingerprint(h: Harness) {
         .complete(&scope, "k2", lease, &stored)
         .await
         .unwrap());
+}
+
+/// The same outage, longer than the key's expiry (6 s; the lock timeout
+/// 5 s, which `build()` accepts): the expired record in progress is not
+/// free. A retry only marks it seen stale, and the owner's heartbeat within
+/// a lock timeout keeps it.
+async fn owner_back_from_an_outage_longer_than_the_expiry_keeps_its_key(h: Harness) {
+    let scope = h.stored_scope("");
+    let claim = |fingerprint| ClaimRequest {
+        scope: &scope,
+        key: "k",
+        fingerprint,
+        lock_timeout: Duration::from_secs(5),
+        ttl: Duration::from_secs(6),
+    };
+    let mine = Fingerprint([1; 32]);
+    let ClaimOutcome::Claimed(lease) = h.store.claim(claim(mine)).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    for _ in 0..3 {
+        h.advance(Duration::from_secs(12)).await;
+        let retry = h.store.claim(claim(mine)).await.unwrap();
+        assert!(
+            matches!(retry, ClaimOutcome::InProgress { .. }),
+            "{}: an expired record in progress was taken at once: {retry:?}",
+            h.name
+        );
+        h.advance(Duration::from_secs(4)).await;
+        assert!(h.store.extend_lease(&scope, "k", lease).await.unwrap());
+        h.advance(Duration::from_secs(2)).await;
+        let retry = h.store.claim(claim(mine)).await.unwrap();
+        assert!(
+            matches!(retry, ClaimOutcome::InProgress { .. }),
+            "{}: the owner's key was taken over: {retry:?}",
+            h.name
+        );
+    }
+    let stored = StoredResponse::json(201, "{}");
+    assert!(h.store.complete(&scope, "k", lease, &stored).await.unwrap());
+}
+
+/// The sweep follows the same two steps: an expired record in progress is
+/// first marked seen stale; an owner that extends it keeps it; one not
+/// extended for a time to live after the mark is deleted.
+async fn an_expired_record_in_progress_is_swept_in_two_steps(h: Harness) {
+    let scope = h.stored_scope("");
+    let ClaimOutcome::Claimed(lease) = h
+        .store
+        .claim(ClaimRequest {
+            scope: &scope,
+            key: "k",
+            fingerprint: Fingerprint([2; 32]),
+            lock_timeout: Duration::from_secs(5),
+            ttl: Duration::from_secs(6),
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("a new key is claimed")
+    };
+    h.advance(Duration::from_secs(12)).await;
+    assert_eq!(h.store.sweep_expired().await.unwrap(), 0, "{}", h.name);
+    // The owner is back: its record stays.
+    h.advance(Duration::from_secs(2)).await;
+    assert!(h.store.extend_lease(&scope, "k", lease).await.unwrap());
+    h.advance(Duration::from_secs(12)).await;
+    assert_eq!(h.store.sweep_expired().await.unwrap(), 0, "{}", h.name);
+    h.advance(Duration::from_secs(3)).await;
+    assert_eq!(h.store.sweep_expired().await.unwrap(), 0, "{}", h.name);
+    // A time to live after the mark, with no extension: gone.
+    h.advance(Duration::from_secs(4)).await;
+    assert_eq!(h.store.sweep_expired().await.unwrap(), 1, "{}", h.name);
+    assert!(!h.store.extend_lease(&scope, "k", lease).await.unwrap());
 }

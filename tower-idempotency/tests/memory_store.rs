@@ -100,7 +100,14 @@ async fn a_full_store_of_expired_keys_makes_room() {
     let store = small(clock.clone(), 2);
     let _a = claim(&store, "a").await;
     let _b = claim(&store, "b").await;
-    // In progress but expired: no longer a claim anyone holds.
+    // In progress and expired: the owner may only be cut off from the
+    // store. The sweep marks them seen stale and keeps them ...
+    clock.advance(Duration::from_secs(3600));
+    assert!(
+        store.claim(req("c")).await.is_err(),
+        "expired records in progress were dropped in one step"
+    );
+    // ... and a time to live later, with no extension since, they are gone.
     clock.advance(Duration::from_secs(3600));
     claim(&store, "c").await;
     assert!(store.len() <= 2);

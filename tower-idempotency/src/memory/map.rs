@@ -112,7 +112,26 @@ impl Inner {
             records, scopes, ..
         } = self;
         records.retain(|record| {
-            let live = record.expires_at > now;
+            let live = match &mut record.state {
+                // An expired record in progress may still have an owner
+                // (cut off from the store for longer than its expiry): the
+                // takeover's two steps, as a claim takes them. The first
+                // sweep marks it seen stale; one after its time to live
+                // more without an extension deletes it.
+                State::InProgress {
+                    locked_at,
+                    stale_seen,
+                    ttl,
+                    ..
+                } if record.expires_at <= now => match *stale_seen {
+                    Some(seen) if seen > *locked_at => later(seen, *ttl) > now,
+                    _ => {
+                        *stale_seen = Some(now);
+                        true
+                    }
+                },
+                _ => record.expires_at > now,
+            };
             if !live {
                 if let Some(s) = scopes.get_mut(&*record.scope) {
                     s.count = s.count.saturating_sub(1);

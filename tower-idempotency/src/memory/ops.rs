@@ -42,7 +42,9 @@ impl IdempotencyStore for MemoryStore {
                 .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
             return Ok(ClaimOutcome::Claimed(lease));
         };
-        if record.expires_at <= now {
+        // An expired record in progress is not free: its owner may only be
+        // cut off from the store. It follows the takeover's two steps below.
+        if record.expires_at <= now && !matches!(record.state, State::InProgress { .. }) {
             *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
             return Ok(ClaimOutcome::Claimed(lease));
         }
@@ -80,7 +82,11 @@ impl IdempotencyStore for MemoryStore {
         let now = self.clock.now();
         let mut inner = self.lock();
         Ok(match inner.find_mut(scope, key).1 {
-            Some(record) if record.expires_at > now => Some(outcome_of(record, fingerprint)),
+            Some(record)
+                if record.expires_at > now || matches!(record.state, State::InProgress { .. }) =>
+            {
+                Some(outcome_of(record, fingerprint))
+            }
             _ => None,
         })
     }

@@ -49,7 +49,7 @@ impl Queries {
                  created_at = EXCLUDED.created_at, locked_at = EXCLUDED.locked_at, \
                  lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at, \
                  ttl = EXCLUDED.ttl, stale_seen_at = NULL \
-                 WHERE t.expires_at <= now() \
+                 WHERE (t.expires_at <= now() AND t.status <> 'in_progress') \
                  OR (t.status = 'in_progress' \
                      AND t.request_fingerprint = EXCLUDED.request_fingerprint \
                      AND t.locked_at <= now() - make_interval(secs => $6::float8) \
@@ -59,7 +59,8 @@ impl Queries {
             ),
             select: format!(
                 "SELECT request_fingerprint, status, response_code, headers::text AS headers, body \
-                 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at > now()"
+                 FROM {t} WHERE scope = $1 AND key = $2 \
+                 AND (expires_at > now() OR status = 'in_progress')"
             ),
             // First sight of a stale lease ($3: its fingerprint, $4: the
             // lock timeout in seconds): a takeover waits a lock timeout
@@ -88,9 +89,19 @@ impl Queries {
                  AND lock_token = $3::uuid"
             ),
             // One bounded batch ($1 rows); replicas sweeping at once skip
-            // each other's rows instead of waiting on them.
+            // each other's rows instead of waiting on them. An expired row
+            // in progress may still have an owner cut off from the database
+            // for longer than its expiry: the takeover's two steps, as a
+            // claim takes them. The first sweep marks it seen stale; one a
+            // time to live later, with no extension since, deletes it.
             sweep: format!(
-                "DELETE FROM {t} WHERE ctid IN (SELECT ctid FROM {t} WHERE expires_at <= now() \
+                "WITH marked AS (UPDATE {t} SET stale_seen_at = now() WHERE ctid IN \
+                 (SELECT ctid FROM {t} WHERE expires_at <= now() AND status = 'in_progress' \
+                 AND (stale_seen_at IS NULL OR stale_seen_at <= locked_at) \
+                 LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+                 DELETE FROM {t} WHERE ctid IN (SELECT ctid FROM {t} WHERE expires_at <= now() \
+                 AND (status <> 'in_progress' \
+                 OR (stale_seen_at > locked_at AND stale_seen_at <= now() - ttl)) \
                  LIMIT $1 FOR UPDATE SKIP LOCKED)"
             ),
         }
