@@ -339,24 +339,21 @@ impl<'p> Run<'p> {
             _ => &settings.backoff,
         };
         let n = self.attempt - 1;
-        if signal.elsewhere == Some(Elsewhere::AtOnce) && hint.is_none() {
-            // Another machine, reached at once: no backoff, still through
-            // admission.
-            if !policy.admission.may_admit(self.report.partition, kind) {
-                policy.metrics.budget_rejected();
-                return Step::Stop(StopReason::BudgetExhausted);
-            }
-            self.by_hint = false;
-            return Step::Retry(Duration::ZERO, kind);
-        }
-        let (computed, delay) = policy.with_rng(|rng| {
-            let computed = backoff.delay(n, self.prev_delay, rng);
-            let delay = match hint {
-                Some(h) => retry_after::floor_with_jitter(computed, h, rng),
-                None => computed,
-            };
-            (computed, delay)
-        });
+        // Another machine, reached at once: no backoff, but the deadline
+        // and admission as for any retry.
+        let at_once = signal.elsewhere == Some(Elsewhere::AtOnce) && hint.is_none();
+        let (computed, delay) = if at_once {
+            (Duration::ZERO, Duration::ZERO)
+        } else {
+            policy.with_rng(|rng| {
+                let computed = backoff.delay(n, self.prev_delay, rng);
+                let delay = match hint {
+                    Some(h) => retry_after::floor_with_jitter(computed, h, rng),
+                    None => computed,
+                };
+                (computed, delay)
+            })
+        };
         if let Some(h) = hint {
             if h > settings.max_retry_after {
                 return Step::Stop(StopReason::RetryAfterTooLong);
@@ -381,7 +378,10 @@ impl<'p> Run<'p> {
             return Step::Stop(StopReason::BudgetExhausted);
         }
         self.by_hint = delay > computed;
-        self.prev_delay = delay;
+        if !at_once {
+            // Decorrelated jitter grows from the last backoff slept.
+            self.prev_delay = delay;
+        }
         Step::Retry(delay, kind)
     }
 

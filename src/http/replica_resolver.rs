@@ -128,10 +128,14 @@ impl ReplicaResolver {
     /// the URL names one.
     #[must_use]
     pub fn pin(mut self, name: &str, addrs: &[SocketAddr]) -> Self {
-        let key = name.trim_end_matches('.').to_ascii_lowercase();
-        Arc::make_mut(&mut self.pinned).insert(key, addrs.to_vec());
+        Arc::make_mut(&mut self.pinned).insert(pin_key(name), addrs.to_vec());
         self
     }
+}
+
+/// A pinned name's key: lowercase, without a trailing dot.
+fn pin_key(name: &str) -> String {
+    name.trim_end_matches('.').to_ascii_lowercase()
 }
 
 impl Resolve for ReplicaResolver {
@@ -140,8 +144,7 @@ impl Resolve for ReplicaResolver {
         // elsewhere.
         let watch = WATCH.try_with(Arc::clone).ok();
         let host = name.as_str().to_owned();
-        let key = host.trim_end_matches('.').to_ascii_lowercase();
-        let pinned = self.pinned.get(&key).cloned();
+        let pinned = self.pinned.get(&pin_key(&host)).cloned();
         let policy = self.policy.clone();
         Box::pin(async move {
             let resolved: Vec<SocketAddr> = match pinned {

@@ -122,8 +122,13 @@ pub(crate) struct SharedKey(Bytes);
 impl SharedKey {
     /// A fresh key from `generator`, in one allocation.
     pub(crate) fn generate(generator: KeyGenerator) -> Self {
+        SharedKey::of_uuid(new_uuid(generator))
+    }
+
+    /// A UUID's hyphenated text, in one allocation.
+    fn of_uuid(uuid: uuid::Uuid) -> Self {
         let mut text = [0; UUID_LEN];
-        new_uuid(generator).hyphenated().encode_lower(&mut text);
+        uuid.hyphenated().encode_lower(&mut text);
         SharedKey(Bytes::from_owner(text))
     }
 
@@ -144,9 +149,7 @@ impl SharedKey {
         };
         value.map_err(|_| KeyError::new("not a valid header value"))
     }
-}
 
-impl SharedKey {
     /// The `ordinal`th key derived from `seed` (a digest of a request's own
     /// key and its caller): the same seed and ordinal give the same key, on
     /// every machine and version, in the shape of a UUID (version 8).
@@ -158,12 +161,7 @@ impl SharedKey {
             .finalize();
         let mut bytes = [0u8; 16];
         bytes.copy_from_slice(&digest[..16]);
-        let mut text = [0; UUID_LEN];
-        uuid::Builder::from_custom_bytes(bytes)
-            .into_uuid()
-            .hyphenated()
-            .encode_lower(&mut text);
-        SharedKey(Bytes::from_owner(text))
+        SharedKey::of_uuid(uuid::Builder::from_custom_bytes(bytes).into_uuid())
     }
 }
 

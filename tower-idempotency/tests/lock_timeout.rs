@@ -116,21 +116,29 @@ async fn live_handler_outlives_its_expiry(h: Harness) {
 /// outage. The retry only marks the lease as seen stale; the owner's next
 /// heartbeat, within a lock timeout of that, keeps the key.
 async fn owner_back_from_an_outage_keeps_its_key(h: Harness) {
+    let day = Duration::from_secs(24 * 3600);
+    owner_back_keeps_its_key(&h, day, Duration::from_secs(7)).await;
+}
+
+/// Claims a key with a 5 s lock timeout and `ttl`, then three times: an
+/// outage of `outage` (longer than the lock timeout), a retry that only
+/// marks the lease seen stale, the owner's heartbeat within a lock timeout
+/// of that, and a retry that finds the key still the owner's.
+async fn owner_back_keeps_its_key(h: &Harness, ttl: Duration, outage: Duration) {
     let scope = h.stored_scope("");
     let claim = |fingerprint| ClaimRequest {
         scope: &scope,
         key: "k",
         fingerprint,
         lock_timeout: Duration::from_secs(5),
-        ttl: Duration::from_secs(24 * 3600),
+        ttl,
     };
     let mine = Fingerprint([1; 32]);
     let ClaimOutcome::Claimed(lease) = h.store.claim(claim(mine)).await.unwrap() else {
         panic!("a new key is claimed")
     };
     for _ in 0..3 {
-        // An outage longer than the lock timeout.
-        h.advance(Duration::from_secs(7)).await;
+        h.advance(outage).await;
         let retry = h.store.claim(claim(mine)).await.unwrap();
         assert!(
             matches!(
@@ -196,38 +204,7 @@ async fn takeover_needs_same_fingerprint(h: Harness) {
 /// free. A retry only marks it seen stale, and the owner's heartbeat within
 /// a lock timeout keeps it.
 async fn owner_back_from_an_outage_longer_than_the_expiry_keeps_its_key(h: Harness) {
-    let scope = h.stored_scope("");
-    let claim = |fingerprint| ClaimRequest {
-        scope: &scope,
-        key: "k",
-        fingerprint,
-        lock_timeout: Duration::from_secs(5),
-        ttl: Duration::from_secs(6),
-    };
-    let mine = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed(lease) = h.store.claim(claim(mine)).await.unwrap() else {
-        panic!("a new key is claimed")
-    };
-    for _ in 0..3 {
-        h.advance(Duration::from_secs(12)).await;
-        let retry = h.store.claim(claim(mine)).await.unwrap();
-        assert!(
-            matches!(retry, ClaimOutcome::InProgress { .. }),
-            "{}: an expired record in progress was taken at once: {retry:?}",
-            h.name
-        );
-        h.advance(Duration::from_secs(4)).await;
-        assert!(h.store.extend_lease(&scope, "k", lease).await.unwrap());
-        h.advance(Duration::from_secs(2)).await;
-        let retry = h.store.claim(claim(mine)).await.unwrap();
-        assert!(
-            matches!(retry, ClaimOutcome::InProgress { .. }),
-            "{}: the owner's key was taken over: {retry:?}",
-            h.name
-        );
-    }
-    let stored = StoredResponse::json(201, "{}");
-    assert!(h.store.complete(&scope, "k", lease, &stored).await.unwrap());
+    owner_back_keeps_its_key(&h, Duration::from_secs(6), Duration::from_secs(12)).await;
 }
 
 /// The sweep follows the same two steps: an expired record in progress is
