@@ -58,7 +58,7 @@ async fn store_ops(
                     })
                     .await
                     .expect("claim");
-                let ClaimOutcome::Claimed(lease) = outcome else {
+                let ClaimOutcome::Claimed { lease, .. } = outcome else {
                     panic!("fresh key not claimed")
                 };
                 store

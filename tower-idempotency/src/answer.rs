@@ -13,13 +13,14 @@ use crate::problem::{problem, ProblemKind};
 use crate::replay::{retry_after_value, to_response};
 use crate::store::{ClaimOutcome, LeaseToken};
 
-/// The lease, or the answer when the key is not ours to run.
+/// The lease and its fencing epoch, or the answer when the key is not ours
+/// to run.
 pub(crate) fn answer_without_running<B: From<Bytes>>(
     claimed: Result<ClaimOutcome, crate::StoreError>,
     config: &Config,
-) -> Result<LeaseToken, Response<B>> {
+) -> Result<(LeaseToken, u64), Response<B>> {
     match claimed {
-        Ok(ClaimOutcome::Claimed(lease)) => Ok(lease),
+        Ok(ClaimOutcome::Claimed { lease, epoch }) => Ok((lease, epoch)),
         Ok(ClaimOutcome::Completed {
             response,
             fingerprint_matches: true,

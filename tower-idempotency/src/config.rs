@@ -317,10 +317,11 @@ impl IdempotencyLayerBuilder {
     /// failover) gets the response as soon as it is back, and retries get
     /// the replay. A permanent store error is not tried again. Past it the
     /// layer answers the `410` marker and tries to store that with the same
-    /// patience; if that fails too the key stays in progress and is taken
-    /// over once its lease is seen stale (its handler may then run again:
-    /// size this above your longest failover). `Duration::MAX` means "as
-    /// long as the process lives".
+    /// patience; if that fails too it keeps trying, in a task of its own
+    /// with the lease kept alive, for as long as the process lives, so the
+    /// `410`'s "never runs again" holds while the server does.
+    /// `Duration::MAX` means "as long as the process lives" for the
+    /// response itself.
     pub fn completion_patience(mut self, patience: Duration) -> Self {
         self.config.completion_patience = patience;
         self

@@ -44,6 +44,16 @@ impl IdempotencyContext {
         )))
     }
 
+    /// The same context with the claim's fencing `epoch` (the layer does
+    /// this; useful in tests).
+    pub fn with_epoch(self, epoch: u64) -> Self {
+        let Kept {
+            scope, key, lease, ..
+        } = &*self.kept;
+        let kept = Kept::new(scope.clone(), key.clone(), *lease).with_epoch(epoch);
+        Self::from_kept(Arc::new(kept))
+    }
+
     pub(crate) fn from_kept(kept: Arc<Kept>) -> Self {
         Self { kept }
     }
@@ -64,6 +74,60 @@ impl IdempotencyContext {
         self.kept.lease
     }
 
+    /// The claim's fencing epoch: greater than that of every earlier claim
+    /// of this key (see [`next_epoch`](crate::next_epoch)). Hand it to the
+    /// system your effect lands in, so that it refuses an owner whose key
+    /// was taken over: keep the highest epoch seen per key and refuse a
+    /// lower one (`UPDATE … WHERE epoch < $1`, a conditional write).
+    pub fn epoch(&self) -> u64 {
+        self.kept.epoch
+    }
+
+    /// Whether this request surely still owns its key: no other request
+    /// can take it over before this turns `false`. Call it right before an
+    /// effect outside the store (a charge at a payment processor) and skip
+    /// the effect when it says `false` (answer `503`: the retry gets the
+    /// answer of whichever run holds the key).
+    ///
+    /// The lease is surely held for one lock timeout after the sending of
+    /// the last claim or heartbeat the store accepted; a takeover needs the
+    /// lease seen stale (a lock timeout without a heartbeat, by the store's
+    /// clock) and then a lock timeout more. So this turns `false` at least
+    /// a lock timeout before any other replica may take the key over, even
+    /// when only this replica is cut off from the store. It turns `true`
+    /// again if a heartbeat gets through before anyone took the key over.
+    ///
+    /// What it cannot cover: an effect already under way when this
+    /// replica lost the store, which finishes more than a lock timeout
+    /// later. For that, pass [`epoch`](Self::epoch) (or a key derived from
+    /// this one) to the effect's system. It assumes the replica's and the
+    /// store's clocks run at the same rate (drift far below a lock
+    /// timeout). Always `true` in PostgreSQL's transactional mode, whose
+    /// open transaction holds the key's row.
+    pub fn still_held(&self) -> bool {
+        self.kept.still_held()
+    }
+
+    /// Resolves once [`still_held`](Self::still_held) turns `false`: a
+    /// lock timeout after the last accepted heartbeat was sent, or at once
+    /// when the store says the key was taken over. Race it against a long
+    /// effect to stop before the key can change hands:
+    ///
+    /// ```
+    /// # async fn handler(ctx: tower_idempotency::IdempotencyContext) -> u16 {
+    /// # let charge = async { 201 };
+    /// tokio::select! {
+    ///     status = charge => status,
+    ///     () = ctx.lost() => 503, // stopped before anyone could take over
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// Never resolves in PostgreSQL's transactional mode.
+    pub async fn lost(&self) {
+        self.kept.lost().await
+    }
+
     /// Notes that the handler completed its key itself (in its own
     /// transaction), so that the layer, finding the key completed, answers
     /// with the handler's response instead of treating the lease as lost.
@@ -79,6 +143,7 @@ impl fmt::Debug for IdempotencyContext {
             .field("scope", &self.scope())
             .field("key", &self.key())
             .field("lease", &self.lease())
+            .field("epoch", &self.epoch())
             .finish()
     }
 }

@@ -20,13 +20,20 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use tokio::runtime::{Handle, Id};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::store::{Fingerprint, IdempotencyStore, LeaseToken};
+
+/// `d` in nanoseconds, saturating below [`HELD_FOREVER`].
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).map_or(HELD_FOREVER - 1, |n| n.min(HELD_FOREVER - 1))
+}
 
 /// Slab shards: registrations on different threads rarely meet on a lock.
 const SHARDS: usize = 8;
@@ -40,6 +47,19 @@ pub(crate) struct Kept {
     pub(crate) lease: LeaseToken,
     /// The fingerprint of the request that claimed it.
     pub(crate) fingerprint: Fingerprint,
+    /// The claim's fencing epoch.
+    pub(crate) epoch: u64,
+    /// When the claim was sent to the store: `held_for` counts from here.
+    claimed_at: Instant,
+    /// The lock timeout the claim was made with.
+    lock_timeout: Duration,
+    /// Nanoseconds after `claimed_at` until which the lease is surely
+    /// ours: a lock timeout after the sending of the last claim or
+    /// extension the store accepted. [`HELD_FOREVER`]: no lease to lose
+    /// (the transactional mode's row lock); 0: lost.
+    held_for: AtomicU64,
+    /// Woken when the store says the lease is no longer ours.
+    lost_now: Notify,
     /// An extension is under way: the next tick leaves this lease alone.
     extending: AtomicBool,
     /// The store said the lease is no longer ours: extending stops.
@@ -48,13 +68,23 @@ pub(crate) struct Kept {
     completed_in_tx: AtomicBool,
 }
 
+/// [`Kept::held_for`] of a claim that has no lease to lose.
+const HELD_FOREVER: u64 = u64::MAX;
+
 impl Kept {
+    /// A claim held for as long as the request runs (the transactional
+    /// mode's, whose row lock is its fence, or a context made by hand).
     pub(crate) fn new(scope: Cow<'static, str>, key: String, lease: LeaseToken) -> Self {
         Self {
             scope,
             key,
             lease,
             fingerprint: Fingerprint([0; 32]),
+            epoch: 0,
+            claimed_at: Instant::now(),
+            lock_timeout: Duration::ZERO,
+            held_for: AtomicU64::new(HELD_FOREVER),
+            lost_now: Notify::new(),
             extending: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             completed_in_tx: AtomicBool::new(false),
@@ -65,6 +95,82 @@ impl Kept {
     pub(crate) fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
         self.fingerprint = fingerprint;
         self
+    }
+
+    /// The same, with the claim's fencing `epoch`.
+    pub(crate) fn with_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// The same, a lease claimed with a request sent at `claimed_at` under
+    /// `lock_timeout`: held for a lock timeout from then, and for a lock
+    /// timeout after each extension the store accepts.
+    pub(crate) fn leased(mut self, claimed_at: Instant, lock_timeout: Duration) -> Self {
+        self.claimed_at = claimed_at;
+        self.lock_timeout = lock_timeout;
+        self.held_for = AtomicU64::new(nanos(lock_timeout));
+        self
+    }
+
+    /// Until when the lease is surely ours; `None`: for as long as the
+    /// request runs.
+    pub(crate) fn held_until(&self) -> Option<Instant> {
+        match self.held_for.load(Ordering::Acquire) {
+            HELD_FOREVER => None,
+            held => Some(self.claimed_at + Duration::from_nanos(held)),
+        }
+    }
+
+    /// Whether the lease is surely ours now.
+    pub(crate) fn still_held(&self) -> bool {
+        !self.lost.load(Ordering::Acquire) && self.held_until().is_none_or(|at| Instant::now() < at)
+    }
+
+    /// Resolves once the lease may be lost: a lock timeout after the last
+    /// claim or extension the store accepted was sent, or when the store
+    /// says it is lost. Never, for a claim with no lease to lose.
+    pub(crate) async fn lost(&self) {
+        loop {
+            let told = self.lost_now.notified();
+            tokio::pin!(told);
+            // Registered before the check, so no telling is missed.
+            told.as_mut().enable();
+            if !self.still_held() {
+                return;
+            }
+            match self.held_until() {
+                // Looked at again when the deadline comes: an extension
+                // may have moved it.
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = told => {}
+                    }
+                }
+                None => told.await,
+            }
+        }
+    }
+
+    /// The store accepted an extension sent at `sent`: the lease is ours
+    /// for a lock timeout from then.
+    fn renewed(&self, sent: Instant) {
+        let held = nanos(sent.saturating_duration_since(self.claimed_at) + self.lock_timeout);
+        let _ = self
+            .held_for
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                (now != HELD_FOREVER && now != 0 && held > now).then_some(held)
+            });
+    }
+
+    /// The store said the lease is no longer ours.
+    fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+        if self.held_for.load(Ordering::Acquire) != HELD_FOREVER {
+            self.held_for.store(0, Ordering::Release);
+        }
+        self.lost_now.notify_waiters();
     }
 
     /// Notes that the handler completed the key in its own transaction, so
@@ -131,7 +237,7 @@ impl LeaseKeeper {
     /// blocking the thread would hold the new ticker back, and with it every
     /// lease of the runtime. Once the ticker has been polled it waits on its
     /// timer, which any worker drives.
-    pub(crate) fn keep(self: &Arc<Self>, kept: Arc<Kept>, runtime: &Handle) -> Keeping<'_> {
+    pub(crate) fn keep(self: &Arc<Self>, kept: Arc<Kept>, runtime: &Handle) -> Keeping {
         let id = runtime.id();
         // Lease tokens are unique per claim: their low bits spread the
         // registrations over the shards without a shared counter.
@@ -168,7 +274,7 @@ impl LeaseKeeper {
             drop(runtime.spawn(tick(ticking, self.every)));
         }
         Keeping {
-            keeper: self,
+            keeper: self.clone(),
             shard,
             slot,
             started_ticker,
@@ -221,8 +327,8 @@ impl LeaseKeeper {
 }
 
 /// Registration of a lease; dropping it stops the extensions.
-pub(crate) struct Keeping<'a> {
-    keeper: &'a LeaseKeeper,
+pub(crate) struct Keeping {
+    keeper: Arc<LeaseKeeper>,
     shard: usize,
     slot: usize,
     /// This registration started its runtime's ticker (see
@@ -230,7 +336,7 @@ pub(crate) struct Keeping<'a> {
     pub(crate) started_ticker: bool,
 }
 
-impl Drop for Keeping<'_> {
+impl Drop for Keeping {
     fn drop(&mut self) {
         let mut s = lock(&self.keeper.shards[self.shard]);
         if let Some(entry) = s.slots.get_mut(self.slot) {
@@ -281,17 +387,19 @@ async fn extend(store: Arc<dyn IdempotencyStore>, kept: Arc<Kept>) {
     // However this ends (answered, panicked, or dropped with its runtime),
     // the next tick may try again.
     let _extending = Extending(&kept);
+    // Before the request leaves: the store's lock time is no earlier.
+    let sent = Instant::now();
     // Through the `dyn`: the blanket impl for `Arc` would box a second future.
     match (*store)
         .extend_lease(&kept.scope, &kept.key, kept.lease)
         .await
     {
-        Ok(true) => {}
+        Ok(true) => kept.renewed(sent),
         Ok(false) => {
             // Completed by the handler in its own transaction, settled a
             // moment ago, or taken over after extensions kept failing.
             tracing::debug!(key = kept.key, "idempotency lease no longer held");
-            kept.lost.store(true, Ordering::Relaxed);
+            kept.mark_lost();
         }
         Err(err) => {
             tracing::warn!(error = %err, key = kept.key, "extending an idempotency lease failed")

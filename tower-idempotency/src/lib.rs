@@ -194,8 +194,8 @@ pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 pub use problem::ProblemKind;
 pub use store::{
-    spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore, LeaseToken,
-    ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
+    next_epoch, spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore,
+    LeaseToken, ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
 };
 #[cfg(feature = "postgres")]
 pub use transactional::{IdempotencyTransaction, TransactionGuard};

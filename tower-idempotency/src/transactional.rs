@@ -146,8 +146,8 @@ where
         Ok((outcome, mark)) => (Ok(outcome), mark),
         Err(err) => (Err(err), false),
     };
-    let lease = match answer_without_running(claimed, &config) {
-        Ok(lease) => lease,
+    let (lease, epoch) = match answer_without_running(claimed, &config) {
+        Ok(claimed) => claimed,
         Err(answer) => {
             rollback(tx).await;
             // After the rollback, on a connection of its own: a mark made
@@ -167,7 +167,7 @@ where
     parts.extensions.insert(handle.clone());
     parts
         .extensions
-        .insert(IdempotencyContext::new(&*scope, &key, lease));
+        .insert(IdempotencyContext::new(&*scope, &key, lease).with_epoch(epoch));
     // Run in this future, not in a task of its own: there is no lease to
     // keep alive beside it, and a panic is caught here as well as by a task.
     let outcome =

@@ -134,7 +134,7 @@ async fn owner_back_keeps_its_key(h: &Harness, ttl: Duration, outage: Duration) 
         ttl,
     };
     let mine = Fingerprint([1; 32]);
-    let ClaimOutcome::Claimed(lease) = h.store.claim(claim(mine)).await.unwrap() else {
+    let ClaimOutcome::Claimed { lease, .. } = h.store.claim(claim(mine)).await.unwrap() else {
         panic!("a new key is claimed")
     };
     for _ in 0..3 {
@@ -180,7 +180,7 @@ async fn takeover_needs_same_fingerprint(h: Harness) {
         })
         .await
         .unwrap();
-    let ClaimOutcome::Claimed(lease) = outcome else {
+    let ClaimOutcome::Claimed { lease, .. } = outcome else {
         panic!("expected to claim a new key, got {outcome:?}")
     };
     let (router, state) = app(h.layer());
@@ -212,7 +212,7 @@ async fn owner_back_from_an_outage_longer_than_the_expiry_keeps_its_key(h: Harne
 /// extended for a time to live after the mark is deleted.
 async fn an_expired_record_in_progress_is_swept_in_two_steps(h: Harness) {
     let scope = h.stored_scope("");
-    let ClaimOutcome::Claimed(lease) = h
+    let ClaimOutcome::Claimed { lease, .. } = h
         .store
         .claim(ClaimRequest {
             scope: &scope,

@@ -21,7 +21,7 @@ fn req(key: &str) -> ClaimRequest<'_> {
 
 async fn claim(store: &MemoryStore, key: &str) -> LeaseToken {
     match store.claim(req(key)).await.unwrap() {
-        ClaimOutcome::Claimed(lease) => lease,
+        ClaimOutcome::Claimed { lease, .. } => lease,
         other => panic!("{key}: expected Claimed, got {other:?}"),
     }
 }
@@ -125,7 +125,7 @@ async fn a_flooding_caller_evicts_only_its_own_keys() {
     let clock = Arc::new(ManualClock::new());
     let store = small(clock, 100);
     let victim = match store.claim(scoped("victim", "pay")).await.unwrap() {
-        ClaimOutcome::Claimed(lease) => lease,
+        ClaimOutcome::Claimed { lease, .. } => lease,
         other => panic!("{other:?}"),
     };
     let paid = StoredResponse::json(201, "paid");
@@ -135,7 +135,8 @@ async fn a_flooding_caller_evicts_only_its_own_keys() {
         .unwrap());
     for i in 0..1_000 {
         let key = format!("flood-{i}");
-        let ClaimOutcome::Claimed(lease) = store.claim(scoped("flooder", &key)).await.unwrap()
+        let ClaimOutcome::Claimed { lease, .. } =
+            store.claim(scoped("flooder", &key)).await.unwrap()
         else {
             panic!("{key} not claimed")
         };
@@ -197,7 +198,8 @@ async fn neither_a_large_victim_nor_rotating_scopes_lose_a_key() {
     }
     for i in 0..100 {
         let key = format!("f-{i}");
-        if let Ok(ClaimOutcome::Claimed(lease)) = store.claim(scoped("flooder", &key)).await {
+        if let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(scoped("flooder", &key)).await
+        {
             let response = StoredResponse::json(404, "no");
             store
                 .complete("flooder", &key, lease, &response)
@@ -221,7 +223,7 @@ async fn neither_a_large_victim_nor_rotating_scopes_lose_a_key() {
 
 async fn claim_in(store: &MemoryStore, scope: &str, key: &str) -> LeaseToken {
     match store.claim(scoped(scope, key)).await.unwrap() {
-        ClaimOutcome::Claimed(lease) => lease,
+        ClaimOutcome::Claimed { lease, .. } => lease,
         other => panic!("{scope}/{key}: expected Claimed, got {other:?}"),
     }
 }
@@ -236,7 +238,7 @@ async fn a_reclaimed_key_is_not_evicted_as_completed() {
         ttl: Duration::from_millis(5_200),
         ..scoped("v", key)
     };
-    let ClaimOutcome::Claimed(lease) = store.claim(short("a")).await.unwrap() else {
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(short("a")).await.unwrap() else {
         panic!("a not claimed")
     };
     let response = StoredResponse::json(201, "a");

@@ -110,7 +110,7 @@ async fn claim_k(store: &PostgresStore) -> tower_idempotency::LeaseToken {
         })
         .await
         .unwrap();
-    let ClaimOutcome::Claimed(lease) = outcome else {
+    let ClaimOutcome::Claimed { lease, .. } = outcome else {
         panic!("{outcome:?}")
     };
     lease

@@ -10,7 +10,8 @@ both_stores!(
     release_and_reclaim,
     lock_timeout_takeover,
     extended_lease_is_not_taken_over,
-    expiry
+    expiry,
+    epochs_only_go_up
 );
 
 const A: Fingerprint = Fingerprint([1; 32]);
@@ -28,7 +29,7 @@ fn claim_req<'a>(scope: &'a str, key: &'a str, fingerprint: Fingerprint) -> Clai
 
 async fn claimed(h: &Harness, key: &str, fp: Fingerprint) -> LeaseToken {
     match h.store.claim(claim_req(&h.scope, key, fp)).await.unwrap() {
-        ClaimOutcome::Claimed(lease) => lease,
+        ClaimOutcome::Claimed { lease, .. } => lease,
         other => panic!("{}: expected Claimed, got {other:?}", h.name),
     }
 }
@@ -95,7 +96,7 @@ async fn claim_complete_replay(h: Harness) {
     let other = format!("{s}-other");
     assert!(matches!(
         h.store.claim(claim_req(&other, "k", B)).await.unwrap(),
-        ClaimOutcome::Claimed(_)
+        ClaimOutcome::Claimed { .. }
     ));
 }
 
@@ -172,6 +173,16 @@ async fn lock_timeout_takeover(h: Harness) {
         ClaimOutcome::InProgress { .. }
     ));
     h.advance(Duration::from_secs(1)).await;
+    // Marked stale by a same-body retry a lock timeout ago: still, a
+    // different body never takes it over.
+    assert_eq!(
+        h.store.claim(claim_req(s, "k", B)).await.unwrap(),
+        ClaimOutcome::InProgress {
+            fingerprint_matches: false
+        },
+        "{}",
+        h.name
+    );
     let fresh = claimed(&h, "k", A).await;
     assert_ne!(stale, fresh);
     // The stale owner lost its lease.
@@ -228,4 +239,42 @@ async fn extended_lease_is_not_taken_over(h: Harness) {
     assert!(h.store.complete(s, "k", fresh, &response()).await.unwrap());
     // A completed key has no lease to extend.
     assert!(!h.store.extend_lease(s, "k", fresh).await.unwrap());
+}
+
+/// The claim's epoch, or a panic.
+async fn epoch_of(h: &Harness, key: &str, fp: Fingerprint) -> (LeaseToken, u64) {
+    match h.store.claim(claim_req(&h.scope, key, fp)).await.unwrap() {
+        ClaimOutcome::Claimed { lease, epoch } => (lease, epoch),
+        other => panic!("{}: expected Claimed, got {other:?}", h.name),
+    }
+}
+
+/// Each claim of a key gets a greater epoch than the one before: a
+/// takeover, a claim of an expired completed key, a claim after a release.
+async fn epochs_only_go_up(h: Harness) {
+    let s = h.scope.as_str();
+    let (first, e1) = epoch_of(&h, "k", A).await;
+    assert!(e1 > 0, "{}", h.name);
+    // Taken over: stale, marked, a lock timeout later.
+    h.advance(Duration::from_secs(30)).await;
+    assert!(matches!(
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        ClaimOutcome::InProgress { .. }
+    ));
+    h.advance(Duration::from_secs(30)).await;
+    let (second, e2) = epoch_of(&h, "k", A).await;
+    assert!(e2 > e1, "{}: takeover {e2} after {e1}", h.name);
+    assert!(!h.store.complete(s, "k", first, &response()).await.unwrap());
+    assert!(h.store.complete(s, "k", second, &response()).await.unwrap());
+    // Expired, claimed again.
+    h.advance(Duration::from_secs(3600)).await;
+    let (third, e3) = epoch_of(&h, "k", B).await;
+    assert!(e3 > e2, "{}: after expiry {e3} after {e2}", h.name);
+    // Released, claimed again at once.
+    assert!(h.store.release(s, "k", third).await.unwrap());
+    let (_, e4) = epoch_of(&h, "k", B).await;
+    assert!(e4 > e3, "{}: after a release {e4} after {e3}", h.name);
+    // Another key's epochs are its own business, but never zero.
+    let (_, other) = epoch_of(&h, "other", A).await;
+    assert!(other > 0);
 }

@@ -101,6 +101,9 @@ pub(super) struct Inner {
     leases: u64,
     /// Completed records evicted before their expiry.
     pub(super) evicted: u64,
+    /// The greatest epoch handed out: a key claimed again after its record
+    /// was deleted still gets a greater one, even within a microsecond.
+    pub(super) last_epoch: u64,
     /// Reused buffer for a new record's identity.
     joined: String,
 }

@@ -5,8 +5,8 @@
 use async_trait::async_trait;
 
 use crate::store::{
-    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
-    StoredResponse,
+    check_ids, next_epoch, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken,
+    StoreError, StoredResponse,
 };
 
 use super::map::{later, outcome_of, Record, State};
@@ -20,6 +20,12 @@ impl IdempotencyStore for MemoryStore {
         let mut inner = self.lock();
         self.maybe_sweep(&mut inner, now);
         let lease = inner.new_lease(self.nonce);
+        // Greater than every epoch this store handed out, so also than that
+        // of the claim this one may replace (kept store-wide, not per
+        // record: a key released or swept and claimed again within a
+        // microsecond still gets a greater one).
+        let epoch = next_epoch(Some(inner.last_epoch), now);
+        inner.last_epoch = epoch;
         let fresh = |hash, id, scope, lease| Record {
             hash,
             id,
@@ -40,13 +46,13 @@ impl IdempotencyStore for MemoryStore {
             inner
                 .records
                 .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
-            return Ok(ClaimOutcome::Claimed(lease));
+            return Ok(ClaimOutcome::Claimed { lease, epoch });
         };
         // An expired record in progress is not free: its owner may only be
         // cut off from the store. It follows the takeover's two steps below.
         if record.expires_at <= now && !matches!(record.state, State::InProgress { .. }) {
             *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
-            return Ok(ClaimOutcome::Claimed(lease));
+            return Ok(ClaimOutcome::Claimed { lease, epoch });
         }
         let fingerprint_matches = record.fingerprint == req.fingerprint;
         if let State::InProgress {
@@ -61,7 +67,7 @@ impl IdempotencyStore for MemoryStore {
                     // its owner is gone.
                     Some(seen) if seen > *locked_at && later(seen, req.lock_timeout) <= now => {
                         *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
-                        return Ok(ClaimOutcome::Claimed(lease));
+                        return Ok(ClaimOutcome::Claimed { lease, epoch });
                     }
                     Some(seen) if seen > *locked_at => {}
                     // First seen stale: its owner gets a lock timeout to
@@ -190,7 +196,7 @@ mod tests {
         for (scope, key) in pairs {
             let claimed = store.claim(request(scope, key)).await.unwrap();
             assert!(
-                matches!(claimed, ClaimOutcome::Claimed(_)),
+                matches!(claimed, ClaimOutcome::Claimed { .. }),
                 "{scope:?}/{key:?} found another pair's record: {claimed:?}"
             );
         }
@@ -211,7 +217,7 @@ mod tests {
             let store = store.clone();
             async move {
                 match store.claim(request("s", key)).await.unwrap() {
-                    ClaimOutcome::Claimed(lease) => lease,
+                    ClaimOutcome::Claimed { lease, .. } => lease,
                     other => panic!("{other:?}"),
                 }
             }

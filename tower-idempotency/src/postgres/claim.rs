@@ -95,8 +95,11 @@ impl PostgresStore {
                 }
                 other => other.map_err(db_err("claiming idempotency key"))?,
             };
-            if claimed.is_some() {
-                return Ok((ClaimOutcome::Claimed(lease), false));
+            if let Some(row) = claimed {
+                let epoch: i64 = row.try_get("epoch").map_err(db_err("decode"))?;
+                // Never negative: at least 1, then only greater.
+                let epoch = u64::try_from(epoch).unwrap_or(0);
+                return Ok((ClaimOutcome::Claimed { lease, epoch }, false));
             }
             let Some(outcome) = self
                 .read_on(conn, req.scope, req.key, req.fingerprint)

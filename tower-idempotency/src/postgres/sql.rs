@@ -9,6 +9,7 @@ use std::time::Duration;
 pub const MIGRATION_SQL: &str = concat!(
     include_str!("../../migrations/0001_create_idempotency_keys.sql"),
     include_str!("../../migrations/0002_lease_fencing.sql"),
+    include_str!("../../migrations/0003_fencing_epoch.sql"),
 );
 
 pub(super) const DEFAULT_TABLE: &str = "idempotency_keys";
@@ -40,22 +41,24 @@ impl Queries {
             // $4: ttl in seconds, $5: lease, $6: lock timeout in seconds.
             claim: format!(
                 "INSERT INTO {t} AS t (scope, key, request_fingerprint, status, created_at, \
-                 locked_at, lock_token, expires_at, ttl) \
+                 locked_at, lock_token, expires_at, ttl, epoch) \
                  VALUES ($1, $2, $3, 'in_progress', now(), now(), $5::uuid, \
-                 now() + make_interval(secs => $4::float8), make_interval(secs => $4::float8)) \
+                 now() + make_interval(secs => $4::float8), make_interval(secs => $4::float8), \
+                 GREATEST(1, floor(extract(epoch FROM now()) * 1000000)::bigint)) \
                  ON CONFLICT (scope, key) DO UPDATE SET \
                  request_fingerprint = EXCLUDED.request_fingerprint, status = 'in_progress', \
                  response_code = NULL, headers = NULL, body = NULL, \
                  created_at = EXCLUDED.created_at, locked_at = EXCLUDED.locked_at, \
                  lock_token = EXCLUDED.lock_token, expires_at = EXCLUDED.expires_at, \
-                 ttl = EXCLUDED.ttl, stale_seen_at = NULL \
+                 ttl = EXCLUDED.ttl, stale_seen_at = NULL, \
+                 epoch = GREATEST(EXCLUDED.epoch, t.epoch + 1) \
                  WHERE (t.expires_at <= now() AND t.status <> 'in_progress') \
                  OR (t.status = 'in_progress' \
                      AND t.request_fingerprint = EXCLUDED.request_fingerprint \
                      AND t.locked_at <= now() - make_interval(secs => $6::float8) \
                      AND t.stale_seen_at > t.locked_at \
                      AND t.stale_seen_at <= now() - make_interval(secs => $6::float8)) \
-                 RETURNING lock_token::text"
+                 RETURNING epoch"
             ),
             select: format!(
                 "SELECT request_fingerprint, status, response_code, headers::text AS headers, body \

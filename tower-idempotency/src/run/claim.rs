@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
+use tokio::runtime::Handle;
 
 use crate::answer::answer_without_running;
 use crate::config::Config;
-use crate::keeper::Kept;
+use crate::keeper::{Kept, LeaseKeeper};
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value};
 use crate::store::{IdempotencyStore, StoreError, StoredResponse};
@@ -42,6 +43,9 @@ pub(super) struct Claim {
     pub(super) kept: Arc<Kept>,
     /// The layer's settings (its `completion_patience`).
     pub(super) config: Arc<Config>,
+    /// Keeps the lease alive while the request runs, and afterwards while
+    /// a marker that the store would not take is tried again.
+    pub(super) keeper: Arc<LeaseKeeper>,
 }
 
 /// A store's failure to keep a response: whether trying again may help.
@@ -169,9 +173,10 @@ impl Claim {
     }
 
     /// Completes the key with the "response not retained" marker and
-    /// returns it. If even that fails the key stays in progress until its
-    /// lock times out, after which a retry runs the handler again: logged
-    /// as an error.
+    /// returns it. If even that fails for the layer's patience, the marker
+    /// is tried again in a task of its own, with the lease kept alive, for
+    /// as long as the process lives: the caller is told the handler never
+    /// runs again for this key, and a takeover would make that false.
     ///
     /// Boxed: a rare path, whose future would otherwise be held inline by
     /// every request's.
@@ -189,8 +194,16 @@ impl Claim {
             if self.complete(|| marker.clone()).await.is_none() {
                 tracing::error!(
                     key = self.kept.key,
-                    "storing the not-retained marker failed; the key frees after the lock timeout"
+                    "storing the not-retained marker failed; trying again, with the lease kept, \
+                     until it is stored"
                 );
+                let (store, kept) = (self.store.clone(), self.kept.clone());
+                let keeping = self.keeper.keep(kept.clone(), &Handle::current());
+                let stored = marker.clone();
+                drop(tokio::spawn(async move {
+                    keep_trying(&*store, &kept, &stored).await;
+                    drop(keeping);
+                }));
             }
             marker
         })
@@ -203,6 +216,27 @@ impl Claim {
             .await
         {
             tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
+        }
+    }
+}
+
+/// Stores `marker` for `kept`'s key, trying a failing store again every
+/// [`COMPLETE_BACKOFF_CAP`] until it is stored, the lease turns out lost,
+/// or the store refuses it for good. The caller keeps the lease alive
+/// meanwhile.
+async fn keep_trying(store: &dyn IdempotencyStore, kept: &Kept, marker: &StoredResponse) {
+    loop {
+        tokio::time::sleep(COMPLETE_BACKOFF_CAP).await;
+        match store
+            .complete(&kept.scope, &kept.key, kept.lease, marker)
+            .await
+        {
+            Ok(_) => return,
+            Err(err) if !err.is_transient() => {
+                tracing::error!(error = %err, key = kept.key, "the store refused the not-retained marker");
+                return;
+            }
+            Err(_) => {}
         }
     }
 }

@@ -72,16 +72,23 @@ where
     async move {
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let scope = config.scope.stored_scope(&parts);
+        // Before the claim leaves: the store's lock time is no earlier, so
+        // the lease is ours for a lock timeout from here.
+        let claimed_at = tokio::time::Instant::now();
         // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for `Arc`
         // would box a second future around the store's own.
         let claimed = (*store)
             .claim(config.claim(&scope, &key, fingerprint))
             .await;
-        let lease = match answer_without_running(claimed, &config) {
-            Ok(lease) => lease,
+        let (lease, epoch) = match answer_without_running(claimed, &config) {
+            Ok(claimed) => claimed,
             Err(answer) => return Ok(answer),
         };
-        let kept = Arc::new(Kept::new(scope, key, lease).with_fingerprint(fingerprint));
+        let kept = Kept::new(scope, key, lease)
+            .with_fingerprint(fingerprint)
+            .with_epoch(epoch)
+            .leased(claimed_at, config.lock_timeout);
+        let kept = Arc::new(kept);
         parts
             .extensions
             .insert(IdempotencyContext::from_kept(kept.clone()));
@@ -89,10 +96,11 @@ where
             store,
             kept,
             config: config.clone(),
+            keeper,
         };
         // Extended from the keeper's tasks, not this one: the handler runs
         // inline below and may block this task's thread.
-        let keeping = keeper.keep(claim.kept.clone(), &runtime);
+        let keeping = claim.keeper.keep(claim.kept.clone(), &runtime);
         if keeping.started_ticker {
             // Let the new ticker be polled before the handler can block this
             // thread (see `LeaseKeeper::keep`).

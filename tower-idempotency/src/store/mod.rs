@@ -25,7 +25,8 @@ pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::error::StoreError;
 pub(crate) use self::values::check_ids;
 pub use self::values::{
-    ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoredResponse, MAX_STORED_ID_LEN,
+    next_epoch, ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoredResponse,
+    MAX_STORED_ID_LEN,
 };
 
 /// Persistent state behind [`IdempotencyLayer`](crate::IdempotencyLayer).

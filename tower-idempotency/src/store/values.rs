@@ -131,7 +131,13 @@ pub struct ClaimRequest<'a> {
 pub enum ClaimOutcome {
     /// The key was free (new, expired, or taken over after the lock timeout):
     /// the caller owns it now and must `complete` or `release` it.
-    Claimed(LeaseToken),
+    Claimed {
+        /// Proves the ownership to the store's other calls.
+        lease: LeaseToken,
+        /// The key's fencing epoch: greater than that of every earlier
+        /// claim of the same key, see [`next_epoch`].
+        epoch: u64,
+    },
     /// Another request holds the key and its lock has not timed out.
     InProgress {
         /// Whether the stored fingerprint equals the claimed one.
@@ -144,6 +150,27 @@ pub enum ClaimOutcome {
         /// Whether the stored fingerprint equals the claimed one.
         fingerprint_matches: bool,
     },
+}
+
+/// The fencing epoch of a claim made at `now` (the store's clock) of a key
+/// whose last claim had epoch `previous` (`None`: no record of one).
+///
+/// The store's time in microseconds since 1970, or one more than
+/// `previous` if that is not greater. So an epoch only goes up for a key:
+/// each takeover's is greater than its predecessor's, and so is that of a
+/// claim made after the key's record was deleted (released, or swept once
+/// its owner was gone), since that happens at least a lock timeout after
+/// the earlier claim, unless the store's clock was set back by more than
+/// that meanwhile. A downstream system that keeps the highest epoch it has
+/// seen per key, and refuses a lower one, refuses a stale owner.
+pub fn next_epoch(previous: Option<u64>, now: std::time::SystemTime) -> u64 {
+    let micros = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    match previous {
+        Some(previous) => micros.max(previous.saturating_add(1)),
+        None => micros.max(1),
+    }
 }
 
 /// Longest scope or key a store accepts, in bytes. The layer stores a

@@ -379,11 +379,34 @@ pub async fn send(router: &Router, request: Request<Body>) -> Reply {
     }
 }
 
+/// A store clock that follows tokio's (paused, in tests): the store's
+/// lease times and the layer's move together.
+#[derive(Debug)]
+pub struct TokioClock {
+    start: (std::time::SystemTime, tokio::time::Instant),
+}
+
+impl TokioClock {
+    pub fn new() -> Self {
+        Self {
+            start: (std::time::SystemTime::now(), tokio::time::Instant::now()),
+        }
+    }
+}
+
+impl tower_idempotency::Clock for TokioClock {
+    fn now(&self) -> std::time::SystemTime {
+        self.start.0 + self.start.1.elapsed()
+    }
+}
+
 /// A store wrapper that counts lease extensions and can simulate faults.
 pub struct Faulty {
     pub inner: Arc<dyn IdempotencyStore>,
     /// Number of `extend_lease` calls that reached the inner store.
     pub extends: AtomicUsize,
+    /// Number of `extend_lease` calls that failed for being cut off.
+    pub extends_failed: AtomicUsize,
     /// Extensions of this key never return (a store call that stalls).
     pub stalled_key: Option<&'static str>,
     /// Number of extensions of `stalled_key` that began (and never ended).
@@ -399,6 +422,10 @@ pub struct Faulty {
     pub completes: AtomicUsize,
     /// Number of `complete` calls that returned (stored, or failed).
     pub settled: AtomicUsize,
+    /// While set, every call fails with a transient error: this replica
+    /// is cut off from the store (the others, through other wrappers, are
+    /// not).
+    pub cut_off: std::sync::atomic::AtomicBool,
     /// Woken whenever `extends` or `settled` moves, so tests wait for an
     /// event instead of sleeping and polling.
     changed: tokio::sync::Notify,
@@ -409,6 +436,7 @@ impl Faulty {
         Self {
             inner,
             extends: AtomicUsize::new(0),
+            extends_failed: AtomicUsize::new(0),
             stalled_key: None,
             stalled: AtomicUsize::new(0),
             panic_next_extend: std::sync::Mutex::new(None),
@@ -416,8 +444,17 @@ impl Faulty {
             failing_completes: AtomicUsize::new(0),
             completes: AtomicUsize::new(0),
             settled: AtomicUsize::new(0),
+            cut_off: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
         }
+    }
+
+    /// `Err` (transient) while this replica is cut off from the store.
+    fn reachable(&self) -> Result<(), tower_idempotency::StoreError> {
+        if self.cut_off.load(Ordering::SeqCst) {
+            return Err(tower_idempotency::StoreError::msg("cut off from the store").transient());
+        }
+        Ok(())
     }
 
     /// Waits (bounded) until `n` more leases were extended than `since`.
@@ -469,6 +506,7 @@ impl IdempotencyStore for Faulty {
         &self,
         request: tower_idempotency::ClaimRequest<'_>,
     ) -> Result<tower_idempotency::ClaimOutcome, tower_idempotency::StoreError> {
+        self.reachable()?;
         self.inner.claim(request).await
     }
     async fn lookup(
@@ -477,6 +515,7 @@ impl IdempotencyStore for Faulty {
         key: &str,
         fingerprint: tower_idempotency::Fingerprint,
     ) -> Result<Option<tower_idempotency::ClaimOutcome>, tower_idempotency::StoreError> {
+        self.reachable()?;
         self.inner.lookup(scope, key, fingerprint).await
     }
     async fn complete(
@@ -493,6 +532,8 @@ impl IdempotencyStore for Faulty {
             .is_ok();
         let result = if fail {
             Err(tower_idempotency::StoreError::msg("injected failure").transient())
+        } else if let Err(err) = self.reachable() {
+            Err(err)
         } else {
             self.inner.complete(scope, key, lease, response).await
         };
@@ -508,6 +549,11 @@ impl IdempotencyStore for Faulty {
     ) -> Result<bool, tower_idempotency::StoreError> {
         if self.no_heartbeat {
             return Ok(true);
+        }
+        if let Err(err) = self.reachable() {
+            self.extends_failed.fetch_add(1, Ordering::SeqCst);
+            self.changed.notify_waiters();
+            return Err(err);
         }
         if self.stalled_key == Some(key) {
             self.stalled.fetch_add(1, Ordering::SeqCst);
@@ -535,6 +581,7 @@ impl IdempotencyStore for Faulty {
         key: &str,
         lease: tower_idempotency::LeaseToken,
     ) -> Result<bool, tower_idempotency::StoreError> {
+        self.reachable()?;
         self.inner.release(scope, key, lease).await
     }
     async fn sweep_expired(&self) -> Result<u64, tower_idempotency::StoreError> {
