@@ -124,7 +124,7 @@ impl Kept {
 
     /// Whether the lease is surely ours now.
     pub(crate) fn still_held(&self) -> bool {
-        !self.lost.load(Ordering::Acquire) && self.held_until().is_none_or(|at| Instant::now() < at)
+        self.held_until().is_none_or(|at| Instant::now() < at)
     }
 
     /// Resolves once the lease may be lost: a lock timeout after the last
@@ -154,13 +154,14 @@ impl Kept {
     }
 
     /// The store accepted an extension sent at `sent`: the lease is ours
-    /// for a lock timeout from then.
+    /// for a lock timeout from then. (Never after it was found lost: no
+    /// extension starts then, and only one runs at a time.)
     fn renewed(&self, sent: Instant) {
         let held = nanos(sent.saturating_duration_since(self.claimed_at) + self.lock_timeout);
         let _ = self
             .held_for
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
-                (now != HELD_FOREVER && now != 0 && held > now).then_some(held)
+                (now != HELD_FOREVER && held > now).then_some(held)
             });
     }
 

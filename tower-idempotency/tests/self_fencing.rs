@@ -114,10 +114,11 @@ async fn within(limit: Duration, told: impl std::future::Future<Output = ()>, ne
 #[tokio::test(start_paused = true)]
 async fn an_owner_cut_off_from_the_store_is_told_before_its_key_can_be_taken_over() {
     let store = shared_store();
-    let (to_a, to_b) = (
-        Arc::new(Faulty::new(store.clone())),
-        Arc::new(Faulty::new(store.clone())),
-    );
+    // The owner's heartbeats are answered a second after the store made
+    // them: the lease counts from when they were sent, not answered.
+    let mut slow = Faulty::new(store.clone());
+    slow.extend_reply_delay = Duration::from_secs(1);
+    let (to_a, to_b) = (Arc::new(slow), Arc::new(Faulty::new(store.clone())));
     let shop = Shop::default();
     let a = replica(IdempotencyLayer::from_arc(to_a.clone()), &shop);
     let b = replica(IdempotencyLayer::from_arc(to_b.clone()), &shop);
@@ -264,4 +265,36 @@ async fn an_owner_keeps_its_key_until_its_marker_is_stored() {
     assert!(last.replayed());
     assert_eq!(shop.runs().len(), 1, "the handler ran again after its 410");
     assert_eq!(shop.charges.load(Ordering::SeqCst), 1);
+}
+
+/// The store saying the lease is gone (here, the key deleted under its
+/// owner) tells the owner at the next heartbeat, not a lock timeout later.
+#[tokio::test(start_paused = true)]
+async fn the_store_saying_the_lease_is_gone_tells_the_owner_at_once() {
+    let store = shared_store();
+    let shop = Shop::default();
+    let router = replica(IdempotencyLayer::from_arc(store.clone()), &shop);
+    let started = shop.started.notified();
+    let waiting = tokio::spawn(async move { send(&router, pay("k", true)).await });
+    started.await;
+    let (ctx, _) = shop.runs()[0].clone();
+    tokio::time::sleep(LOCK_TIMEOUT * 2).await;
+    assert!(ctx.still_held());
+    assert!(store
+        .release(ctx.scope(), ctx.key(), ctx.lease())
+        .await
+        .unwrap());
+    let released_at = Instant::now();
+    within(LOCK_TIMEOUT * 4, ctx.lost(), "never told").await;
+    let heartbeat = LOCK_TIMEOUT / 3;
+    assert!(
+        released_at.elapsed() <= heartbeat,
+        "told {:?} after the store lost the lease, more than a heartbeat",
+        released_at.elapsed()
+    );
+    assert!(!ctx.still_held());
+    shop.proceed.notify_one();
+    // Its own answer is not the key's: the caller is told to retry.
+    waiting.await.unwrap().assert_problem(409);
+    assert_eq!(shop.charges.load(Ordering::SeqCst), 0);
 }

@@ -422,6 +422,9 @@ pub struct Faulty {
     pub completes: AtomicUsize,
     /// Number of `complete` calls that returned (stored, or failed).
     pub settled: AtomicUsize,
+    /// How long an extension's answer takes to come back after the store
+    /// made it (a slow network).
+    pub extend_reply_delay: Duration,
     /// While set, every call fails with a transient error: this replica
     /// is cut off from the store (the others, through other wrappers, are
     /// not).
@@ -445,6 +448,7 @@ impl Faulty {
             completes: AtomicUsize::new(0),
             settled: AtomicUsize::new(0),
             cut_off: std::sync::atomic::AtomicBool::new(false),
+            extend_reply_delay: Duration::ZERO,
             changed: tokio::sync::Notify::new(),
         }
     }
@@ -571,6 +575,7 @@ impl IdempotencyStore for Faulty {
             panic!("extending the lease panicked on purpose");
         }
         let extended = self.inner.extend_lease(scope, key, lease).await;
+        tokio::time::sleep(self.extend_reply_delay).await;
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
         extended
