@@ -38,9 +38,14 @@ async fn drop_table(store: &PostgresStore) {
 
 /// A store whose connections run every statement under `timeout_ms`.
 async fn with_statement_timeout(table: &str, timeout_ms: u32) -> PostgresStore {
+    with_setting(table, "statement_timeout", timeout_ms).await
+}
+
+/// A store whose connections set `setting` to `ms` milliseconds.
+async fn with_setting(table: &str, setting: &str, ms: u32) -> PostgresStore {
     let url = database_url();
     let sep = if url.contains('?') { '&' } else { '?' };
-    let url = format!("{url}{sep}options=-c%20statement_timeout%3D{timeout_ms}");
+    let url = format!("{url}{sep}options=-c%20{setting}%3D{ms}");
     PostgresStore::connect_with_pool_size(&url, 2)
         .await
         .unwrap()
@@ -58,6 +63,44 @@ async fn expired_rows_are_swept_in_batches() {
     let store = with_statement_timeout(&table, 2_000).await;
     assert_eq!(store.sweep_expired().await.unwrap(), 12_345);
     assert_eq!(rows(&setup).await, 0);
+    drop_table(&setup).await;
+}
+
+/// A sweep skips the rows another transaction holds (a replica sweeping
+/// at the same time, the transactional mode's open request) instead of
+/// waiting on them: of six expired rows, the four nobody holds go, the
+/// completed and the in-progress row a transaction holds stay. The
+/// sweeping connections give up a lock wait after 5 s, so a sweep that
+/// waited fails with an error instead of hanging the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_skips_the_rows_others_hold() {
+    let table = unique("tis_");
+    let setup = pg_store(&table).await;
+    expired_rows(&setup, 5).await;
+    sqlx::query(&format!(
+        "INSERT INTO {} (scope, key, request_fingerprint, status, created_at, locked_at, \
+         expires_at, ttl) VALUES ('s', 'running', '\\x00', 'in_progress', \
+         now() - interval '2 days', now() - interval '2 days', now() - interval '1 day', \
+         interval '1 day')",
+        setup.table()
+    ))
+    .execute(setup.pool())
+    .await
+    .unwrap();
+    let mut holder = setup.pool().begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE key IN ('k1', 'running') FOR UPDATE",
+        setup.table()
+    ))
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+
+    let store = with_setting(&table, "lock_timeout", 5_000).await;
+    let swept = store.sweep_expired().await;
+    holder.rollback().await.unwrap();
+    assert_eq!(swept.unwrap(), 4, "the sweep waited on a held row");
+    assert_eq!(rows(&setup).await, 2);
     drop_table(&setup).await;
 }
 
