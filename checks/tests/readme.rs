@@ -339,10 +339,14 @@ fn the_readmes_links_and_example_commands_exist() {
                 Some(other) => panic!("{dir}/README.md: `{line}` names package {other}"),
                 None => &["examples", "checks/examples", "tower-idempotency/examples"],
             };
+            // An example is a file, or a folder with a `main.rs`.
+            let exists = |f: &&str| {
+                let folder = root.join(f);
+                folder.join(format!("{example}.rs")).exists()
+                    || folder.join(example).join("main.rs").exists()
+            };
             assert!(
-                folders
-                    .iter()
-                    .any(|f| root.join(f).join(format!("{example}.rs")).exists()),
+                folders.iter().any(exists),
                 "{dir}/README.md: `{line}`: no example {example} in {folders:?}"
             );
             checked += 1;
