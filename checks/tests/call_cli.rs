@@ -1017,3 +1017,27 @@ fn an_unknown_option_gets_clap_s_plain_error() {
         assert!(err.contains("Usage: call [OPTIONS] <URL>"), "{err}");
     }
 }
+
+#[test]
+fn the_readme_names_every_option_help_lists() {
+    let readme = include_str!("../../README.md");
+    let start = readme.find("## The `call` command").unwrap();
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").unwrap()];
+    let help = stdout(&call(&["--help"]));
+    // The lines that declare an option, and its aliases.
+    let options: std::collections::BTreeSet<&str> = help
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-') || l.starts_with("[alias"))
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')))
+        .filter(|w| w.starts_with("--") && w.len() > 2 && *w != "--help")
+        .collect();
+    assert!(options.len() > 30, "{options:?}");
+    for option in options {
+        assert!(
+            section.contains(&format!("`{option}")),
+            "{option} is not in the README"
+        );
+    }
+}

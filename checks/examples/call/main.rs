@@ -105,7 +105,7 @@ struct Args {
     #[arg(long, value_name = "DATA")]
     json: Option<String>,
     /// A request header, 'Name: value'; repeatable.
-    #[arg(short = 'H', long = "header")]
+    #[arg(short = 'H', long = "header", value_name = "HEADER")]
     headers: Vec<String>,
     /// The User-Agent header (-H 'User-Agent: …' wins).
     #[arg(short = 'A', long, value_name = "NAME")]
