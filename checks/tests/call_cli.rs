@@ -2,9 +2,10 @@
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use reqwest_safe_retry::RetryPolicy;
-use wiremock::matchers::{body_string, header_exists, method};
+use wiremock::matchers::{body_string, header_exists, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 /// `cargo test` builds the examples next to the test binaries.
@@ -111,7 +112,7 @@ async fn retries_and_prints_the_body_and_the_report() {
 }
 
 #[tokio::test]
-async fn a_given_key_is_used_and_a_final_failure_exits_1() {
+async fn a_given_key_is_used_and_a_final_503_exits_0_as_curl_s_does() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(503))
@@ -130,14 +131,18 @@ async fn a_given_key_is_used_and_a_final_failure_exits_1() {
         "--report-json",
         &url,
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a response came: -f makes it 22"
+    );
     let r = report(&out);
     assert_eq!(r["idempotency_key"], "order-9");
     assert_eq!(r["attempts"], 2);
     assert_eq!(r["stop_reason"], "attempts_exhausted");
 
     let out = call(&["-X", "POST", "--no-idempotency-key", "--report-json", &url]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0));
     let r = report(&out);
     assert_eq!(r["stop_reason"], "not_idempotent");
     assert!(r["idempotency_key"].is_null());
@@ -193,7 +198,7 @@ fn a_refused_connection_reports_null_status_and_the_error() {
         "--report-json",
         &url,
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(7), "curl's: failed to connect");
     let r = report(&out);
     assert!(r["status"].is_null());
     assert_eq!(r["attempts"], 2);
@@ -233,7 +238,7 @@ async fn data_comes_from_a_file_or_stdin_and_implies_post() {
     assert_eq!(received(&server).await.len(), 2);
     // An explicit -X still wins over the POST that -d implies.
     let out = call(&["-X", "PUT", "-d", "x", &url]);
-    assert_eq!(out.status.code(), Some(1), "no mock for PUT: 404");
+    assert_eq!(out.status.code(), Some(0), "no mock for PUT: 404");
     assert_eq!(received(&server).await[2].method.as_str(), "PUT");
 }
 
@@ -250,13 +255,13 @@ async fn a_repeated_option_the_last_one_wins() {
         "1",
         "-X",
         "PUT",
-        "-X",
+        "--request",
         "DELETE",
         "--report-json",
         "--report-json",
         &url,
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0));
     assert_eq!(report(&out)["attempts"], 2);
     let got = received(&server).await;
     assert_eq!(got.len(), 2);
@@ -355,7 +360,7 @@ async fn a_key_in_a_header_and_a_flag_never_both_go_on_the_wire() {
 }
 
 #[tokio::test]
-async fn verbose_prints_one_line_per_attempt() {
+async fn retry_trace_prints_one_line_per_attempt() {
     let server = MockServer::start().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(503))
@@ -368,7 +373,7 @@ async fn verbose_prints_one_line_per_attempt() {
         .await;
     let url = server.uri();
     let out = call(&[
-        "-v",
+        "--retry-trace",
         "-d",
         "{}",
         "--idempotency-key",
@@ -404,7 +409,12 @@ async fn verbose_prints_one_line_per_attempt() {
         .local_addr()
         .unwrap()
         .port();
-    let out = call(&["-v", "--max-attempts", "1", &format!("127.0.0.1:{port}")]);
+    let out = call(&[
+        "--retry-trace",
+        "--max-attempts",
+        "1",
+        &format!("127.0.0.1:{port}"),
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.starts_with("call: attempt 1: connect error, stop: attempts_exhausted, key none\n"),
@@ -418,7 +428,7 @@ fn help_shows_the_defaults_the_exit_codes_and_every_jitter_mode() {
     assert_eq!(out.status.code(), Some(0));
     let help = String::from_utf8_lossy(&out.stdout);
     let defaults = RetryPolicy::default();
-    let ms = |d: std::time::Duration| d.as_millis().to_string();
+    let ms = |d: Duration| d.as_millis().to_string();
     for default in [
         defaults.max_attempts().to_string(),
         defaults.deadline().unwrap().as_secs().to_string(),
@@ -435,9 +445,11 @@ fn help_shows_the_defaults_the_exit_codes_and_every_jitter_mode() {
         assert!(help.contains(&format!("- {mode}:")), "{mode}: {help}");
     }
     for code in [
-        "0  the final response is 2xx",
-        "1  the final",
+        "0  a response came",
         "2  usage error",
+        "7  could not connect",
+        "22  -f and the final status is 400 or more",
+        "28  timed out",
     ] {
         assert!(help.contains(code), "{code}: {help}");
     }
@@ -483,7 +495,7 @@ async fn the_body_ends_in_one_newline_so_the_report_has_a_line_of_its_own() {
 async fn a_final_status_that_is_not_2xx_is_named_on_stderr() {
     let server = answering_with(ResponseTemplate::new(404).set_body_string("no such order")).await;
     let out = call(&[&server.uri()]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0), "curl's: 0 unless -f");
     assert_eq!(out.stdout, b"no such order\n");
     assert_eq!(stderr(&out), "call: 404 Not Found\n");
 
@@ -497,7 +509,7 @@ async fn a_final_status_that_is_not_2xx_is_named_on_stderr() {
         "--report-json",
         &server.uri(),
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(0));
     let err = stderr(&out);
     let lines: Vec<_> = err.lines().collect();
     assert_eq!(lines.len(), 2, "{err}");
@@ -510,7 +522,7 @@ async fn silent_drops_the_status_and_error_lines_as_curl_s_does() {
     let server = answering(503).await;
     for flag in ["-s", "--silent"] {
         let out = call(&[flag, "--max-attempts", "1", &server.uri()]);
-        assert_eq!(out.status.code(), Some(1), "the exit code still tells");
+        assert_eq!(out.status.code(), Some(0), "a response, as with curl -s");
         assert_eq!(stderr(&out), "", "{flag}");
     }
     // The report was asked for: it still comes, alone.
@@ -527,7 +539,7 @@ async fn silent_drops_the_status_and_error_lines_as_curl_s_does() {
     let loud = call(&["--max-attempts", "1", &url]);
     assert!(stderr(&loud).starts_with("call: "), "{}", stderr(&loud));
     let quiet = call(&["-s", "--max-attempts", "1", &url]);
-    assert_eq!(quiet.status.code(), Some(1));
+    assert_eq!(quiet.status.code(), Some(7), "the exit code still tells");
     assert_eq!(stderr(&quiet), "");
 }
 
@@ -638,4 +650,394 @@ fn every_example_answers_help_and_runs_nothing() {
     let out = example("demo").arg("--bogus").output().unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(out.stdout.is_empty());
+}
+
+#[cfg(target_os = "linux")]
+#[path = "support/tls.rs"]
+mod tls;
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A URL nothing listens on.
+fn refused_url() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("http://127.0.0.1:{port}/")
+}
+
+/// A file in the temporary directory, unique to this process and `name`.
+fn temp_file(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("call-cli-{}-{name}", std::process::id()))
+}
+
+#[tokio::test]
+async fn a_redirect_is_the_answer_without_location_and_followed_with_it() {
+    let server = MockServer::start().await;
+    for (from, to, status) in [("/old", "/mid", 302), ("/mid", "/new", 301)] {
+        Mock::given(path(from))
+            .respond_with(ResponseTemplate::new(status).insert_header("location", to))
+            .mount(&server)
+            .await;
+    }
+    Mock::given(path("/new"))
+        .respond_with(ResponseTemplate::new(200).set_body_string("moved here"))
+        .mount(&server)
+        .await;
+    let old = format!("{}/old", server.uri());
+    let format = "%{http_code} %{num_redirects} %{url_effective}";
+    // curl's default: the 302 is the answer.
+    let out = call(&["-w", format, &old]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(stdout(&out), format!("302 0 {old}"));
+    assert_eq!(stderr(&out), "call: 302 Found\n");
+    for flag in ["-L", "--location"] {
+        let out = call(&[flag, "-w", format, &old]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert_eq!(
+            stdout(&out),
+            format!("moved here\n200 2 {}/new", server.uri())
+        );
+    }
+    // More than --max-redirs: curl's 47, and /new is never asked for.
+    let out = call(&["-L", "--max-redirs", "1", "--report-json", &old]);
+    assert_eq!(out.status.code(), Some(47), "{out:?}");
+    let error = report(&out)["error"].as_str().unwrap().to_owned();
+    assert!(error.contains("Maximum (1) redirects followed"), "{error}");
+    let news = received(&server)
+        .await
+        .iter()
+        .filter(|r| r.url.path() == "/new")
+        .count();
+    assert_eq!(news, 2, "the two -L calls only");
+}
+
+#[tokio::test]
+async fn output_writes_the_body_to_a_file_byte_for_byte() {
+    let server = answering_with(ResponseTemplate::new(200).set_body_string("no newline")).await;
+    let file = temp_file("output.txt");
+    let out = call(&["-o", file.to_str().unwrap(), &server.uri()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(stdout(&out), "", "the body went to the file");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"no newline",
+        "no newline added"
+    );
+    // With -i, the headers go to the file too, as curl's do.
+    let out = call(&["--output", file.to_str().unwrap(), "-i", &server.uri()]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.ends_with("\r\n\r\nno newline"), "{text}");
+    // `-` is stdout.
+    assert_eq!(stdout(&call(&["-o", "-", &server.uri()])), "no newline\n");
+    // A file that cannot be written: curl's 23.
+    let out = call(&["-o", "/nonexistent/dir/out", &server.uri()]);
+    assert_eq!(out.status.code(), Some(23), "{out:?}");
+    assert!(stderr(&out).starts_with("call: (23) writing /nonexistent/dir/out"));
+}
+
+#[tokio::test]
+async fn fail_exits_22_without_the_body_and_silent_and_show_error_as_curl_s() {
+    let server = answering_with(ResponseTemplate::new(503).set_body_string("busy")).await;
+    let url = server.uri();
+    let line = "call: (22) The requested URL returned error: 503\n";
+    for flag in ["-f", "--fail"] {
+        let out = call(&[flag, "--max-attempts", "1", "-w", "%{http_code}", &url]);
+        assert_eq!(out.status.code(), Some(22), "{out:?}");
+        assert_eq!(stdout(&out), "503", "no body, -w still");
+        assert_eq!(stderr(&out), line);
+    }
+    // curl's everyday `-fsS`: silent, but errors still shown.
+    let out = call(&["-fs", "--max-attempts", "1", &url]);
+    assert_eq!((out.status.code(), stderr(&out)), (Some(22), String::new()));
+    for flags in [&["-fsS"][..], &["-f", "-s", "--show-error"]] {
+        let out = call(&[flags, &["--max-attempts", "1", &url]].concat());
+        assert_eq!((out.status.code(), stderr(&out)), (Some(22), line.into()));
+    }
+    let out = call(&["-sS", "--max-attempts", "1", &refused_url()]);
+    assert_eq!(out.status.code(), Some(7));
+    assert!(stderr(&out).starts_with("call: (7) "), "{}", stderr(&out));
+    // A status below 400 is not a failure.
+    let ok = answering_with(ResponseTemplate::new(200).set_body_string("fine")).await;
+    let out = call(&["-f", &ok.uri()]);
+    assert_eq!(
+        (out.status.code(), stdout(&out)),
+        (Some(0), "fine\n".into())
+    );
+}
+
+#[tokio::test]
+async fn head_sends_head_and_prints_the_status_line_and_headers() {
+    let server = answering_with(ResponseTemplate::new(200).insert_header("x-order", "42")).await;
+    for flag in ["-I", "--head"] {
+        let out = call(&[flag, &server.uri()]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        let text = stdout(&out);
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("\r\nx-order: 42\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n"), "{text}");
+    }
+    let got = received(&server).await;
+    assert!(got.iter().all(|r| r.method.as_str() == "HEAD"));
+    // A body with -I is two methods: refused, as curl refuses it.
+    let out = call(&["-I", "-d", "x", &server.uri()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(received(&server).await.len(), 2);
+}
+
+#[cfg(all(target_os = "linux", feature = "default-tls"))]
+// The TLS server runs on this runtime while `call` blocks a thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn insecure_and_cacert_decide_which_certificate_is_trusted() {
+    let certs = tls::certificates();
+    let (addr, requests) = tls::tls_server(&certs, 0).await;
+    let url = format!("https://{addr}/");
+    // The test's authority is no system's: curl's 60, nothing read.
+    let out = call(&["--max-attempts", "1", &url]);
+    assert_eq!(out.status.code(), Some(60), "{out:?}");
+    assert!(stderr(&out).starts_with("call: (60) "), "{}", stderr(&out));
+    assert_eq!(requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    for flag in ["-k", "--insecure"] {
+        let out = call(&[flag, &url]);
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert_eq!(stdout(&out), "ok over tls\n");
+    }
+    let ca = temp_file("ca.pem");
+    std::fs::write(&ca, &certs.ca).unwrap();
+    let out = call(&["--cacert", ca.to_str().unwrap(), &url]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Only the file's authorities: another one's server is refused.
+    std::fs::write(&ca, tls::certificates().ca).unwrap();
+    let out = call(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--max-attempts",
+        "1",
+        &url,
+    ]);
+    std::fs::remove_file(&ca).unwrap();
+    assert_eq!(out.status.code(), Some(60), "{out:?}");
+    let out = call(&["--cacert", "/nonexistent/ca.pem", &url]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[tokio::test]
+async fn max_time_is_the_call_s_deadline_and_exits_28() {
+    // The server never answers in time; the call gives up at its deadline
+    // (a 30 s one without -m would outlast the test's patience).
+    let server =
+        answering_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(60))).await;
+    for flag in ["-m", "--max-time"] {
+        let out = call(&[flag, "0.2", "--report-json", &server.uri()]);
+        assert_eq!(out.status.code(), Some(28), "{out:?}");
+        assert!(stderr(&out).starts_with("call: (28) "), "{}", stderr(&out));
+        assert_eq!(report(&out)["stop_reason"], "deadline", "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_host_that_does_not_resolve_exits_6() {
+    // `.invalid` never resolves (RFC 6761).
+    let out = call(&["--max-attempts", "1", "http://nonexistent.invalid/"]);
+    assert_eq!(out.status.code(), Some(6), "{out:?}");
+    assert!(stderr(&out).starts_with("call: (6) "), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn user_sends_basic_auth_and_user_agent_its_name_unless_h_gives_them() {
+    let server = answering(200).await;
+    let url = server.uri();
+    for args in [
+        &["-u", "alice:s3cret", "-A", "probe/1.0"][..],
+        &["--user", "bob", "--user-agent", "probe/2.0"],
+        &["-u", "alice:x", "-H", "Authorization: Bearer t"],
+        &["-A", "a", "-H", "User-Agent: b"],
+    ] {
+        let out = call(&[args, &[&url]].concat());
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+    }
+    let got = received(&server).await;
+    let all = |name: &str| -> Vec<Vec<String>> {
+        got.iter()
+            .map(|r| {
+                r.headers
+                    .get_all(name)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect()
+    };
+    let auth = ["Basic YWxpY2U6czNjcmV0", "Basic Ym9iOg==", "Bearer t"];
+    assert_eq!(all("authorization")[..3], auth.map(|a| vec![a.to_owned()]));
+    assert!(all("authorization")[3].is_empty());
+    let agents = all("user-agent");
+    assert_eq!(agents[..2], [["probe/1.0"], ["probe/2.0"]]);
+    assert_eq!(agents[3], ["b"], "-H wins, and only one goes");
+}
+
+#[tokio::test]
+async fn write_out_fills_in_curl_s_variables() {
+    let server = answering_with(ResponseTemplate::new(200).set_body_string("12345")).await;
+    let url = server.uri();
+    let format = r"%{http_code} %{response_code} %{size_download} 100%%\n";
+    let out = call(&["-w", format, &url]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(stdout(&out), "12345\n200 200 5 100%\n");
+    let out = call(&["--write-out", "%{time_total}", &url]);
+    let time = stdout(&out).strip_prefix("12345\n").unwrap().to_owned();
+    assert!(time.parse::<f64>().is_ok_and(|t| t > 0.0), "{time}");
+    assert_eq!(time.split_once('.').unwrap().1.len(), 6, "curl's {time}");
+    // No response: 000.
+    let out = call(&["-w", "%{http_code}", "--max-attempts", "1", &refused_url()]);
+    assert_eq!(stdout(&out), "000");
+    // An unknown variable is a usage error, before anything is sent.
+    let out = call(&["-w", "%{bogus}", "--report-json", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(report(&out)["error"].as_str().unwrap().contains("%{bogus}"));
+    assert_eq!(received(&server).await.len(), 2);
+}
+
+#[tokio::test]
+async fn data_raw_sends_the_text_as_it_is_even_with_an_at() {
+    let server = answering(200).await;
+    let url = server.uri();
+    let out = call(&["--data-raw", "@not-a-file", &url]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let got = received(&server).await;
+    assert_eq!(got[0].method.as_str(), "POST");
+    assert_eq!(got[0].body, b"@not-a-file");
+    assert_eq!(
+        got[0].headers["content-type"],
+        "application/x-www-form-urlencoded"
+    );
+    for other in [["-d", "b"], ["--json", "{}"]] {
+        let out = call(&[&["--data-raw", "a"], &other[..], &[&url]].concat());
+        assert_eq!(out.status.code(), Some(2), "two bodies: {other:?}");
+    }
+}
+
+#[tokio::test]
+async fn compressed_asks_for_a_body_it_can_read_and_refuses_an_encoded_one() {
+    let server = answering_with(ResponseTemplate::new(200).set_body_string("plain")).await;
+    let out = call(&["--compressed", &server.uri()]);
+    assert_eq!(
+        (out.status.code(), stdout(&out)),
+        (Some(0), "plain\n".into())
+    );
+    call(&[&server.uri()]);
+    let got = received(&server).await;
+    assert_eq!(got[0].headers["accept-encoding"], "identity");
+    assert!(!got[1].headers.contains_key("accept-encoding"));
+    // Encoded anyway: curl's 61, not the encoded bytes.
+    let gzip = answering_with(
+        ResponseTemplate::new(200)
+            .insert_header("content-encoding", "gzip")
+            .set_body_bytes(vec![0x1f, 0x8b, 0x08, 0]),
+    )
+    .await;
+    let out = call(&["--compressed", &gzip.uri()]);
+    assert_eq!(out.status.code(), Some(61), "{out:?}");
+    assert_eq!(stdout(&out), "");
+    assert!(stderr(&out).starts_with("call: (61) "), "{}", stderr(&out));
+}
+
+#[tokio::test]
+async fn verbose_prints_each_attempt_s_headers_as_curl_s_does() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(201).insert_header("x-order", "42"))
+        .mount(&server)
+        .await;
+    let url = server.uri();
+    let host = url.strip_prefix("http://").unwrap();
+    let out = call(&[
+        "-v",
+        "-H",
+        "x-trace: 1",
+        "--idempotency-key",
+        "order-7",
+        "--base-ms",
+        "1",
+        "--jitter",
+        "none",
+        "-d",
+        "{}",
+        &format!("{url}/pay?x=1"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    let at = |line: &str| -> Vec<usize> {
+        let found: Vec<usize> = (0..lines.len()).filter(|&i| lines[i] == line).collect();
+        assert!(!found.is_empty(), "no {line:?} in\n{err}");
+        found
+    };
+    assert_eq!(at("> POST /pay?x=1 HTTP/1.1").len(), 2, "one per attempt");
+    at(&format!("> Host: {host}"));
+    at("> x-trace: 1");
+    at("> idempotency-key: order-7");
+    let first = at("< HTTP/1.1 503 Service Unavailable")[0];
+    let trace = at("* attempt 1: 503, retry in 1 ms, key order-7")[0];
+    let second = at("> POST /pay?x=1 HTTP/1.1")[1];
+    assert!(first < trace && trace < second, "{err}");
+    let created = at("< HTTP/1.1 201 Created")[0];
+    assert_eq!(
+        lines[created + 1..].first(),
+        Some(&"< x-order: 42"),
+        "{err}"
+    );
+    at("* attempt 2: 201, stop: success, key order-7");
+    assert_eq!(stdout(&out), "", "headers on stderr only");
+}
+
+#[test]
+fn an_unknown_option_gets_clap_s_plain_error() {
+    for option in ["--frobnicate", "-Z"] {
+        let out = call(&[option, "http://127.0.0.1:1/"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = stderr(&out);
+        assert!(
+            err.starts_with(&format!("error: unexpected argument '{option}' found")),
+            "{err}"
+        );
+        assert!(!err.contains("tip: to pass"), "{err}");
+        assert!(err.contains("Usage: call [OPTIONS] <URL>"), "{err}");
+    }
+}
+
+#[test]
+fn the_readme_names_every_option_help_lists() {
+    let readme = include_str!("../../README.md");
+    let start = readme.find("## The `call` command").unwrap();
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").unwrap()];
+    let help = stdout(&call(&["--help"]));
+    // The lines that declare an option, and its aliases.
+    let options: std::collections::BTreeSet<&str> = help
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| l.starts_with('-') || l.starts_with("[alias"))
+        .flat_map(|l| l.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')))
+        .filter(|w| w.starts_with("--") && w.len() > 2 && *w != "--help")
+        .collect();
+    assert!(options.len() > 30, "{options:?}");
+    for option in options {
+        assert!(
+            section.contains(&format!("`{option}")),
+            "{option} is not in the README"
+        );
+    }
 }

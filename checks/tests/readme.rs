@@ -64,8 +64,9 @@ fn the_quick_start_is_a_whole_program_that_pastes_as_it_reads() {
 
 #[test]
 fn the_quick_start_names_the_versions_the_crate_is_built_against() {
-    let toml = blocks(section("Quick start"), "toml");
-    assert_eq!(toml.len(), 1);
+    let quick = section("Quick start");
+    let toml = blocks(quick, "toml");
+    assert_eq!(toml.len(), 2, "the dependencies, and the git line");
     for name in ["reqwest", "reqwest-middleware"] {
         let wanted = format!("\n{name} = \"{}\"\n", dependency_version(name));
         assert!(toml[0].contains(&wanted), "{wanted:?} in {}", toml[0]);
@@ -78,10 +79,10 @@ fn the_quick_start_names_the_versions_the_crate_is_built_against() {
         .and_then(|v| v.strip_suffix('"'))
         .unwrap();
     let own = format!(
-        "reqwest-safe-retry = \"{}\"",
+        "`reqwest-safe-retry = \"{}\"`",
         version.rsplit_once('.').unwrap().0
     );
-    assert!(toml[0].contains(&own), "{own}");
+    assert!(quick.contains(&own), "the published line, for later: {own}");
 }
 
 #[test]
@@ -339,10 +340,14 @@ fn the_readmes_links_and_example_commands_exist() {
                 Some(other) => panic!("{dir}/README.md: `{line}` names package {other}"),
                 None => &["examples", "checks/examples", "tower-idempotency/examples"],
             };
+            // An example is a file, or a folder with a `main.rs`.
+            let exists = |f: &&str| {
+                let folder = root.join(f);
+                folder.join(format!("{example}.rs")).exists()
+                    || folder.join(example).join("main.rs").exists()
+            };
             assert!(
-                folders
-                    .iter()
-                    .any(|f| root.join(f).join(format!("{example}.rs")).exists()),
+                folders.iter().any(exists),
                 "{dir}/README.md: `{line}`: no example {example} in {folders:?}"
             );
             checked += 1;
@@ -352,4 +357,104 @@ fn the_readmes_links_and_example_commands_exist() {
         checked >= 10,
         "{checked} links and commands: the walk found them"
     );
+}
+
+/// The quick start's lines work for a reader who has the repository: a
+/// throwaway project with the README's `[dependencies]` and program is
+/// checked by `cargo check`, through the path line (pointed at this
+/// workspace) and through the git line (pointed at `file://` and this
+/// workspace, so the last commit: what a reader's clone would give).
+///
+/// No network: the workspace's `Cargo.lock` is copied so every registry
+/// crate is one already downloaded; the path build runs `--offline`; the
+/// git one cannot (Cargo refuses a git checkout offline, even a local one),
+/// so any HTTP it tried would go to a dead proxy and fail at once. Both
+/// share a target folder under this build's target, so after the first
+/// run (a `cargo check` of the client's dependencies) a run takes seconds.
+#[test]
+fn a_project_made_of_the_quick_start_s_lines_builds() {
+    use std::path::Path;
+    use std::process::Command;
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let quick = section("Quick start");
+    let toml = blocks(quick, "toml");
+    let path_line = r#"reqwest-safe-retry = { path = "../reqwest-safe-retry" }"#;
+    let git_line = r#"reqwest-safe-retry = { git = "file:///home/you/src/reqwest-safe-retry" }"#;
+    assert!(toml[0].lines().any(|l| l == path_line), "{}", toml[0]);
+    assert_eq!(toml[1].trim(), git_line);
+    // reqwest's default `charset` and `system-proxy` features need crates
+    // this workspace never locks (encoding_rs; system-configuration, for
+    // macOS), which offline cannot resolve; a reader's Cargo fetches them.
+    // The project keeps the TLS and HTTP/2 ones.
+    let reqwest_line = "reqwest = \"0.13\"";
+    assert!(toml[0].lines().any(|l| l == reqwest_line), "{}", toml[0]);
+    let offline_reqwest = r#"reqwest = { version = "0.13", default-features = false, features = ["default-tls", "http2"] }"#;
+    let program = blocks(quick, "rust")[0];
+
+    // tests/…/target/debug/deps/readme-… → target/readme-quick-start
+    let exe = std::env::current_exe().unwrap();
+    let target = exe.ancestors().nth(3).unwrap().join("readme-quick-start");
+    let url = format!("file://{}", root.display());
+    for (name, line) in [
+        (
+            "path",
+            path_line.replace("../reqwest-safe-retry", &root.display().to_string()),
+        ),
+        (
+            "git",
+            git_line.replace("file:///home/you/src/reqwest-safe-retry", &url),
+        ),
+    ] {
+        let project = target.join(format!("project-{name}"));
+        std::fs::create_dir_all(project.join("src")).unwrap();
+        let dependencies = toml[0]
+            .replace(path_line, &line)
+            .replace(reqwest_line, offline_reqwest);
+        let manifest = format!(
+            "[package]\nname = \"quick-start-{name}\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
+             publish = false\n\n# Its own workspace, wherever it lies.\n[workspace]\n\n{dependencies}"
+        );
+        std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
+        std::fs::write(project.join("src/main.rs"), program).unwrap();
+        std::fs::copy(root.join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo
+            .arg("check")
+            .current_dir(&project)
+            .env("CARGO_TARGET_DIR", target.join("target"))
+            .env("CARGO_NET_RETRY", "0")
+            .env("CARGO_HTTP_TIMEOUT", "5")
+            .args(["--config", "http.proxy=\"http://127.0.0.1:9\""]);
+        if name == "path" {
+            cargo.arg("--offline");
+        } else {
+            // Only the local repository is fetched; an offline setting of
+            // the caller's would refuse even that.
+            cargo
+                .env_remove("CARGO_NET_OFFLINE")
+                .args(["--config", "net.offline=false"]);
+        }
+        if name == "git" && !root.join(".git").exists() {
+            eprintln!(
+                "{} is not a git repository: the git line is not checked",
+                root.display()
+            );
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let out = cargo.output().expect("cargo runs");
+        eprintln!("the {name} line: cargo check in {:.1?}", started.elapsed());
+        assert!(
+            out.status.success(),
+            "a project made of the quick start's lines with the {name} line \
+             ({line}) does not build in {}:\n{}",
+            project.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
