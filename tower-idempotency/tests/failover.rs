@@ -13,11 +13,16 @@
 //!
 //! The outage's length is the fault injected, not a duration any assertion
 //! measures: the test waits for the clients, not for a guessed time.
+//!
+//! The last test cuts only one replica off (a proxy per replica): the
+//! other takes that replica's keys over while its handlers still run, and
+//! self-fencing keeps their effects from running twice.
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,101 +32,10 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing;
 use axum::Router;
+use proxy::Proxy;
 use support::{database_url, pg_store, send, unique, Reply};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tower_idempotency::{IdempotencyLayer, PostgresStore};
-
-/// A proxy in front of PostgreSQL that can cut every connection and refuse
-/// new ones.
-struct Proxy {
-    addr: SocketAddr,
-    up: Arc<AtomicBool>,
-    /// Connections refused while cut: proof that the stores go through it.
-    refused: Arc<AtomicUsize>,
-    /// The forwarding tasks of the open connections.
-    open: Arc<Mutex<JoinSet<()>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let up = Arc::new(AtomicBool::new(true));
-        let refused = Arc::new(AtomicUsize::new(0));
-        let open = Arc::new(Mutex::new(JoinSet::new()));
-        let (accept_up, accept_open, accept_refused) = (up.clone(), open.clone(), refused.clone());
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    return;
-                };
-                if !accept_up.load(Ordering::SeqCst) {
-                    // Refused: closed at once.
-                    accept_refused.fetch_add(1, Ordering::SeqCst);
-                    drop(client);
-                    continue;
-                }
-                accept_open.lock().unwrap().spawn(forward(client, upstream));
-            }
-        });
-        Self {
-            addr,
-            up,
-            refused,
-            open,
-        }
-    }
-
-    /// Cuts every connection and refuses new ones until `restore`.
-    fn cut(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        // Aborting a forwarding task drops both of its sockets.
-        self.open.lock().unwrap().abort_all();
-    }
-
-    fn restore(&self) {
-        self.up.store(true, Ordering::SeqCst);
-    }
-
-    /// The database URL through this proxy: `DATABASE_URL` with its
-    /// host and port replaced by the proxy's.
-    fn url(&self) -> String {
-        let direct = database_url();
-        let (scheme_user, rest) = direct
-            .split_once('@')
-            .expect("DATABASE_URL has the form postgres://user@host:port/db");
-        let path = rest.find('/').map_or("", |at| &rest[at..]);
-        format!("{scheme_user}@{}{path}", self.addr)
-    }
-}
-
-async fn forward(mut client: TcpStream, upstream: SocketAddr) {
-    let Ok(mut server) = TcpStream::connect(upstream).await else {
-        return;
-    };
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-}
-
-/// The PostgreSQL address of `DATABASE_URL` (host:port, 127.0.0.1:5432 by
-/// default).
-fn upstream_addr() -> SocketAddr {
-    let url = database_url();
-    let host_port = url
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or("127.0.0.1:5432");
-    let host_port = if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:5432")
-    };
-    host_port
-        .replace("localhost", "127.0.0.1")
-        .parse()
-        .expect("DATABASE_URL names host:port as an IP address")
-}
 
 /// The effects that happened, outside the database: key -> runs.
 #[derive(Clone, Default)]
@@ -206,7 +120,7 @@ async fn through_an_outage(outage: Duration) {
     let table = unique("tif_");
     // Created directly, not through the proxy.
     let direct = pg_store(&table).await;
-    let proxy = Proxy::start(upstream_addr()).await;
+    let proxy = Proxy::start(&database_url()).await;
     let mut replicas = Vec::new();
     let effects = Effects::default();
     for _ in 0..2 {
@@ -307,4 +221,163 @@ async fn a_long_outage_runs_nothing_twice() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(30);
     through_an_outage(Duration::from_secs(secs)).await;
+}
+
+/// What the fenced service saw: per key, the charges made, when the owner
+/// was told its lease may be lost, and when a replica's handler started.
+#[derive(Clone, Default)]
+struct Fenced {
+    charges: Arc<Mutex<HashMap<String, u32>>>,
+    told: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    started: Arc<Mutex<Vec<(String, &'static str, std::time::Instant)>>>,
+    /// Handlers of the replica that gets cut off wait for this, after
+    /// being told, before their effect.
+    restored: Arc<tokio::sync::Notify>,
+    /// Handlers of the cut-off replica that have finished.
+    finished: Arc<std::sync::atomic::AtomicUsize>,
+    /// Handlers of the cut-off replica that have started.
+    holding: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Charges only while the handler still holds its key, checked right
+/// before the effect. On replica "a" the handler first waits until it is
+/// told its lease may be lost and the partition is over: the effect comes
+/// long after another replica could have taken the key over.
+fn fenced_replica(store: PostgresStore, name: &'static str, fenced: Fenced) -> Router {
+    let handler =
+        move |axum::Extension(ctx): axum::Extension<tower_idempotency::IdempotencyContext>| {
+            let fenced = fenced.clone();
+            async move {
+                let key = ctx.key().to_owned();
+                fenced
+                    .started
+                    .lock()
+                    .unwrap()
+                    .push((key.clone(), name, std::time::Instant::now()));
+                if name == "a" {
+                    let restored = fenced.restored.notified();
+                    fenced.holding.fetch_add(1, Ordering::SeqCst);
+                    ctx.lost().await;
+                    fenced
+                        .told
+                        .lock()
+                        .unwrap()
+                        .insert(key.clone(), std::time::Instant::now());
+                    restored.await;
+                }
+                let status = if ctx.still_held() {
+                    *fenced.charges.lock().unwrap().entry(key).or_default() += 1;
+                    StatusCode::CREATED
+                } else {
+                    StatusCode::SERVICE_UNAVAILABLE
+                };
+                if name == "a" {
+                    fenced.finished.fetch_add(1, Ordering::SeqCst);
+                }
+                status
+            }
+        };
+    let layer = IdempotencyLayer::builder(store)
+        .lock_timeout(LOCK_TIMEOUT)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/payments", routing::post(handler))
+        .layer(layer)
+}
+
+/// The partition test's lock timeout: short, so that the test is; long
+/// enough that a loaded machine's timers are not late by as much.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Issue 31's first row: only the owning replica loses the database (its
+/// network, its pool) for three lock timeouts; the other replica marks
+/// each lease stale and takes the key over while the owner's handler still
+/// runs. Each owner is told before its key is taken over, checks before
+/// its effect, and skips it: every payment is charged exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_cut_off_from_the_database_runs_nothing_twice() {
+    let table = unique("tif_");
+    let direct = pg_store(&table).await;
+    let (to_a, to_b) = (
+        Proxy::start(&database_url()).await,
+        Proxy::start(&database_url()).await,
+    );
+    let fenced = Fenced::default();
+    let mut replicas = Vec::new();
+    for (proxy, name) in [(&to_a, "a"), (&to_b, "b")] {
+        let store = PostgresStore::connect_with_pool_size(&proxy.url(), 8)
+            .await
+            .unwrap()
+            .with_table(&table)
+            .unwrap();
+        replicas.push(fenced_replica(store, name, fenced.clone()));
+    }
+    let replicas: [Router; 2] = [replicas[0].clone(), replicas[1].clone()];
+
+    // 20 payments, each first sent to replica a, which claims the key and
+    // holds; then a loses the database.
+    let keys: Vec<String> = (0..20)
+        .map(|i| format!("pay-{i}-{}", uuid::Uuid::new_v4().simple()))
+        .collect();
+    let mut payments = JoinSet::new();
+    for key in &keys {
+        let (replicas, key) = (replicas.clone(), key.clone());
+        payments.spawn(async move {
+            let reply = pay(replicas, key.clone(), 0, 0).await;
+            (key, reply)
+        });
+    }
+    while fenced.holding.load(Ordering::SeqCst) < keys.len() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    to_a.cut();
+
+    // The clients' retries reach b, which takes every key over and
+    // charges.
+    let mut answers = HashMap::new();
+    while let Some(done) = payments.join_next().await {
+        let (key, reply) = done.unwrap();
+        answers.insert(key, reply);
+    }
+    to_a.restore();
+    fenced.restored.notify_waiters();
+    while fenced.finished.load(Ordering::SeqCst) < keys.len() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    assert!(
+        to_a.refused.load(Ordering::SeqCst) > 0,
+        "a never lost the database"
+    );
+    let charges = fenced.charges.lock().unwrap().clone();
+    let told = fenced.told.lock().unwrap().clone();
+    let started = fenced.started.lock().unwrap().clone();
+    for key in &keys {
+        let reply = answers[key]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{key}: no answer within 90 s of retries"));
+        assert_eq!(reply.status, StatusCode::CREATED, "{key}: {:?}", reply.body);
+        assert_eq!(
+            charges.get(key),
+            Some(&1),
+            "{key}: charged {:?} times",
+            charges.get(key)
+        );
+        let took_over = started
+            .iter()
+            .find(|(k, replica, _)| k == key && *replica == "b")
+            .map(|(_, _, at)| *at)
+            .unwrap_or_else(|| panic!("{key}: b never ran it"));
+        assert!(
+            told[key] < took_over,
+            "{key}: the owner was told {:?} after b took its key over",
+            told[key] - took_over
+        );
+    }
+    assert_eq!(in_progress(&direct).await, 0, "keys stuck in progress");
+    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+        .execute(direct.pool())
+        .await
+        .unwrap();
 }
