@@ -223,13 +223,16 @@ async fn a_long_outage_runs_nothing_twice() {
     through_an_outage(Duration::from_secs(secs)).await;
 }
 
+/// A handler run: its key, its replica, when it started.
+type Started = (String, &'static str, std::time::Instant);
+
 /// What the fenced service saw: per key, the charges made, when the owner
 /// was told its lease may be lost, and when a replica's handler started.
 #[derive(Clone, Default)]
 struct Fenced {
     charges: Arc<Mutex<HashMap<String, u32>>>,
     told: Arc<Mutex<HashMap<String, std::time::Instant>>>,
-    started: Arc<Mutex<Vec<(String, &'static str, std::time::Instant)>>>,
+    started: Arc<Mutex<Vec<Started>>>,
     /// Handlers of the replica that gets cut off wait for this, after
     /// being told, before their effect.
     restored: Arc<tokio::sync::Notify>,
