@@ -60,6 +60,16 @@ impl RetryPolicyBuilder {
             ),
             None => None,
         };
+        // The hosts the published metrics label apart: as many as the
+        // admission keeps partitions for (or the breaker, or the default
+        // bound); the rest share one label.
+        let hosts = match &self.admission {
+            AdmissionChoice::Adaptive(config) => config.max_partitions,
+            _ => self
+                .circuit_breaker
+                .as_ref()
+                .map_or(10_000, |c| c.max_partitions),
+        };
         let admission: Arc<dyn RetryAdmission> = match self.admission {
             AdmissionChoice::Adaptive(config) => Arc::new(AdaptiveAdmission::new(config)?),
             AdmissionChoice::TokenBucket(config) => Arc::new(TokenBucket::new(config)?),
@@ -102,7 +112,7 @@ impl RetryPolicyBuilder {
             rng: Arc::new(Mutex::new(rng)),
             sleeper: self.sleeper,
             clock: self.clock,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(hosts)),
             classifiers: self.classifiers.into(),
             hedger: Arc::default(),
             replicas: Arc::default(),

@@ -122,7 +122,9 @@ impl Middleware for RetryMiddleware {
             if !breaker.allow(partition, policy.clock.now()) {
                 // Refused locally and at once: no attempt, no retry; a
                 // handler's inbound layer answers its caller "do not retry".
-                policy.metrics.circuit_refused();
+                policy
+                    .metrics
+                    .circuit_refused(partition.id(), request.url());
                 deadline::note_stop(StopReason::CircuitOpen, 0);
                 let mut report = RetryReport::new();
                 report.attempts = 0;
@@ -150,7 +152,7 @@ impl Middleware for RetryMiddleware {
         }
         let route = Route::of_url(request.url());
         let watch = attempt::watch_of(policy, &request);
-        let mut run = Run::start(policy, limits, partition);
+        let mut run = Run::start(policy, limits, partition, Some(request.url()));
         run.route = route;
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
@@ -161,6 +163,8 @@ impl Middleware for RetryMiddleware {
                 classifier,
                 keyed: run.report.idempotency_key.is_some(),
                 max_attempts: limits.max_attempts,
+                #[cfg(feature = "metrics")]
+                method: attempt::method_label(request.method()),
             },
             hedging: hedge.map(|config| {
                 Box::new(Hedging {
