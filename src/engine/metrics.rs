@@ -10,11 +10,14 @@
 //! ```
 //!
 //! With the `metrics` feature every count is also published, as it
-//! happens, through the `metrics` crate's facade: the application installs
-//! an exporter (metrics-exporter-prometheus, an OpenTelemetry bridge, …)
-//! and the counters reach it without code of ours or theirs. Without an
-//! installed recorder a publication is one load of a global and nothing
-//! else.
+//! happens, through the `metrics` crate's facade, labelled by host, with
+//! each attempt's duration beside them: the application installs an
+//! exporter (metrics-exporter-prometheus, an OpenTelemetry bridge, …)
+//! before building the policy, and the series reach it without code of
+//! ours or theirs (see `names` for what is published). A host's handles
+//! are made when its first call starts; a publication is then a lookup in
+//! a sharded map and an atomic add, with or without a recorder. Without
+//! the feature nothing of it is built.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
