@@ -9,6 +9,7 @@
 mod support;
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use http::Extensions;
 use metrics::Unit;
@@ -314,6 +315,80 @@ fn host_labels_are_bounded_by_the_admissions_partitions() {
     );
     assert_eq!(addresses.len(), BOUND + 1, "{addresses:?}");
     assert!(addresses.contains(names::OTHER_HOSTS));
+}
+
+/// Some exporters (push-based ones, OpenTelemetry bridges) emit a series
+/// only once it has been written to: building a policy writes a zero to
+/// every counter, so each exists before its first event.
+#[test]
+fn building_a_policy_writes_a_zero_to_every_counter() {
+    let touched = Arc::new(Mutex::new(BTreeSet::new()));
+    let recorder = Touched(touched.clone());
+    metrics::with_local_recorder(&recorder, || RetryPolicy::builder().build().unwrap());
+    let touched = touched.lock().unwrap();
+    for name in [
+        names::CALLS,
+        names::FIRST_ATTEMPT_FAILURES,
+        names::RETRIES,
+        names::FINAL_FAILURES,
+        names::BUDGET_REJECTIONS,
+        names::ADMISSIONS,
+        names::PROBES,
+        names::WAITS,
+        names::RETRY_AFTER_HONOURED,
+        names::DEADLINE_GIVE_UPS,
+        names::THROTTLED,
+        names::RATE_LIMIT_WAITS,
+        names::HEDGES,
+        names::HEDGE_WINS,
+        names::CIRCUIT_REJECTIONS,
+    ] {
+        for host in ["", names::OTHER_HOSTS] {
+            assert!(
+                touched.contains(&(name.to_owned(), host.to_owned())),
+                "{name} {host:?}"
+            );
+        }
+    }
+}
+
+/// A recorder that keeps which counters were written to (by name and
+/// `server.address`), and nothing else.
+struct Touched(Arc<Mutex<BTreeSet<(String, String)>>>);
+
+struct TouchedCounter(Arc<Mutex<BTreeSet<(String, String)>>>, (String, String));
+
+impl metrics::CounterFn for TouchedCounter {
+    fn increment(&self, _: u64) {
+        self.0.lock().unwrap().insert(self.1.clone());
+    }
+    fn absolute(&self, _: u64) {
+        self.0.lock().unwrap().insert(self.1.clone());
+    }
+}
+
+impl metrics::Recorder for Touched {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        let host = key
+            .labels()
+            .find(|l| l.key() == names::SERVER_ADDRESS)
+            .map_or(String::new(), |l| l.value().to_owned());
+        let id = (key.name().to_owned(), host);
+        metrics::Counter::from_arc(Arc::new(TouchedCounter(self.0.clone(), id)))
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        _: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
 }
 
 /// The end of a chain that answers `200` at once, except its second

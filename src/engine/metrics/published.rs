@@ -140,6 +140,9 @@ pub(super) enum Count {
     CircuitRejections,
 }
 
+// One counter for each `Count`: `counters[what as usize]` is in bounds.
+const _: () = assert!(Count::CircuitRejections as usize + 1 == COUNTERS.len());
+
 /// Each counter's name and description, in the order of [`Count`].
 const COUNTERS: [(&str, &str); 15] = [
     (names::CALLS, "Logical calls started"),
