@@ -26,6 +26,14 @@ impl RetryPolicyBuilder {
     /// start), a header name is invalid, or the admission's settings are
     /// (a zero-capacity budget, for one), or hedging's are (see
     /// [`crate::HedgeConfig`]: a percentile outside (0, 1], say).
+    ///
+    /// With the `metrics` feature, building describes every metric to the
+    /// installed recorder and registers the series that exist before any
+    /// call at zero (install the recorder first). The hosts whose series
+    /// are labelled apart are as many as the adaptive admission keeps
+    /// partitions for (`AdaptiveConfig::max_partitions`; with another
+    /// admission, the circuit breaker's, else 10 000); the hosts past them
+    /// share `server.address="_other"`.
     pub fn build(self) -> Result<RetryPolicy, ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::named("max_attempts", "must be at least 1"));
