@@ -108,10 +108,11 @@
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
 //! - `vdso-keys` (default): generated keys drawn through the vDSO on Linux
 //!   ≥ 6.11, no system call per key.
-//! - `metrics`: every counter of [`Metrics`] and the attempts-per-call
-//!   histogram are also published through the [`metrics`](https://docs.rs/metrics)
-//!   facade, to whichever exporter (Prometheus, OpenTelemetry, StatsD) the
-//!   application installs; names in `metric_names`.
+//! - `metrics`: every counter of [`Metrics`], the attempts-per-call
+//!   histogram and OpenTelemetry's `http.client.request.duration` are also
+//!   published through the [`metrics`](https://docs.rs/metrics) facade,
+//!   labelled by host, to whichever exporter (Prometheus, OpenTelemetry,
+//!   StatsD) the application installs; names and labels in `metric_names`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

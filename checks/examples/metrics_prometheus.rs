@@ -1,6 +1,7 @@
-//! The retry counters in Prometheus: the `metrics` feature publishes them
+//! The retry metrics in Prometheus: the `metrics` feature publishes them
 //! through the `metrics` facade, and metrics-exporter-prometheus renders
-//! what a Prometheus server scrapes.
+//! what a Prometheus server scrapes (and `dashboards/reqwest-safe-retry.json`
+//! plots).
 //!
 //! ```text
 //! cargo run --example metrics_prometheus --features metrics
@@ -41,16 +42,23 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
 
-    // The application's side: install an exporter, then describe the
-    // crate's metrics to it. Attempts per call as a real histogram with
-    // buckets, not the exporter's default summary.
+    // The application's side: install an exporter before building the
+    // policy (building it registers every series at zero). Prometheus's
+    // naming (`_total` on counters, `_seconds` from the unit), and the two
+    // histograms as real histograms with buckets (what `histogram_quantile`
+    // and the dashboard in `dashboards/` need), not the exporter's default
+    // summaries.
     let handle = PrometheusBuilder::new()
+        .with_recommended_naming(true)
+        .set_buckets_for_metric(
+            Matcher::Full(metric_names::REQUEST_DURATION.to_owned()),
+            metric_names::DURATION_BUCKETS,
+        )?
         .set_buckets_for_metric(
             Matcher::Full(metric_names::ATTEMPTS.to_owned()),
-            &[1.0, 2.0, 3.0, 5.0, 10.0],
+            metric_names::ATTEMPTS_BUCKETS,
         )?
         .install_recorder()?;
-    reqwest_safe_retry::describe_metrics();
 
     // A flaky payments endpoint: two 503s asking for 1 s, then 201s.
     let server = MockServer::start().await;

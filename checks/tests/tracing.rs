@@ -52,6 +52,11 @@ async fn a_span_per_operation_and_an_event_per_attempt() {
     let span = last_retry_span(&seen);
     assert_eq!(field(&span, "http.request.method"), "GET");
     assert_eq!(field(&span, "url.path"), "/orders");
+    // The attributes the published metrics are labelled with, by the
+    // same OpenTelemetry names.
+    assert_eq!(field(&span, "server.address"), "127.0.0.1");
+    let port = server.address().port().to_string();
+    assert_eq!(field(&span, "server.port"), port);
     assert_eq!(field(&span, "http.request.resend_count"), "2");
     assert_eq!(field(&span, "stop_reason"), "attempts_exhausted");
     assert!(

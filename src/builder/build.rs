@@ -26,6 +26,14 @@ impl RetryPolicyBuilder {
     /// start), a header name is invalid, or the admission's settings are
     /// (a zero-capacity budget, for one), or hedging's are (see
     /// [`crate::HedgeConfig`]: a percentile outside (0, 1], say).
+    ///
+    /// With the `metrics` feature, building describes every metric to the
+    /// installed recorder and registers the series that exist before any
+    /// call at zero (install the recorder first). The hosts whose series
+    /// are labelled apart are as many as the adaptive admission keeps
+    /// partitions for (`AdaptiveConfig::max_partitions`; with another
+    /// admission, the circuit breaker's, else 10 000); the hosts past them
+    /// share `server.address="_other"`.
     pub fn build(self) -> Result<RetryPolicy, ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::named("max_attempts", "must be at least 1"));
@@ -59,6 +67,16 @@ impl RetryPolicyBuilder {
                     .map_err(|e| e.in_setting("throttle_backoff"))?,
             ),
             None => None,
+        };
+        // The hosts the published metrics label apart: as many as the
+        // admission keeps partitions for (or the breaker, or the default
+        // bound); the rest share one label.
+        let hosts = match &self.admission {
+            AdmissionChoice::Adaptive(config) => config.max_partitions,
+            _ => self
+                .circuit_breaker
+                .as_ref()
+                .map_or(10_000, |c| c.max_partitions),
         };
         let admission: Arc<dyn RetryAdmission> = match self.admission {
             AdmissionChoice::Adaptive(config) => Arc::new(AdaptiveAdmission::new(config)?),
@@ -102,7 +120,7 @@ impl RetryPolicyBuilder {
             rng: Arc::new(Mutex::new(rng)),
             sleeper: self.sleeper,
             clock: self.clock,
-            metrics: Arc::new(Metrics::default()),
+            metrics: Arc::new(Metrics::new(hosts)),
             classifiers: self.classifiers.into(),
             hedger: Arc::default(),
             replicas: Arc::default(),

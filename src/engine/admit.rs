@@ -81,7 +81,7 @@ impl Run<'_> {
                 return now;
             }
             if waited.is_zero() {
-                policy.metrics.waited_for_rate_limit();
+                policy.metrics.waited_for_rate_limit(self.host());
             }
             self.report.rate_limit_wait += wait;
             policy.sleeper.sleep(wait).await;
@@ -99,10 +99,10 @@ impl Run<'_> {
         let left = self.time_left(now);
         if left.is_some_and(|left| left < window) {
             if waited.is_zero() {
-                policy.metrics.deadline_gave_up();
+                policy.metrics.deadline_gave_up(self.host());
                 return Asked::Stop(StopReason::Deadline);
             }
-            policy.metrics.budget_rejected();
+            policy.metrics.budget_rejected(self.host());
             return Asked::Stop(StopReason::BudgetExhausted);
         }
         let request = RetryRequest::new(kind, waited).on_route(self.route);
@@ -111,12 +111,12 @@ impl Run<'_> {
             let left = left.map_or(wait, |left| left.saturating_sub(window));
             let wait = wait.min(left);
             if wait.is_zero() {
-                policy.metrics.budget_rejected();
+                policy.metrics.budget_rejected(self.host());
                 return Asked::Stop(StopReason::BudgetExhausted);
             }
             if !self.pacing {
                 self.pacing = true;
-                policy.metrics.waited_for_rate_limit();
+                policy.metrics.waited_for_rate_limit(self.host());
             }
             self.report.rate_limit_wait += wait;
             return Asked::Wait(wait);
@@ -126,8 +126,8 @@ impl Run<'_> {
                 self.grant = Some(grant);
                 self.pacing = false;
                 self.report.admission_wait += waited;
-                policy.metrics.admitted(grant.is_probe());
-                policy.metrics.retried(self.by_hint);
+                policy.metrics.admitted(self.host(), grant.is_probe());
+                policy.metrics.retried(self.host(), self.by_hint);
                 if self.by_hint {
                     self.report.retry_after_honoured += 1;
                 }
@@ -135,7 +135,7 @@ impl Run<'_> {
             }
             Admission::Wait(wait) => {
                 if waited.is_zero() {
-                    policy.metrics.waited();
+                    policy.metrics.waited(self.host());
                 }
                 // The last look happens when exactly one attempt window is
                 // left.
@@ -144,13 +144,13 @@ impl Run<'_> {
                     None => wait,
                 };
                 if wait.is_zero() {
-                    policy.metrics.budget_rejected();
+                    policy.metrics.budget_rejected(self.host());
                     return Asked::Stop(StopReason::BudgetExhausted);
                 }
                 Asked::Wait(wait)
             }
             _ => {
-                policy.metrics.budget_rejected();
+                policy.metrics.budget_rejected(self.host());
                 Asked::Stop(StopReason::BudgetExhausted)
             }
         }

@@ -10,162 +10,67 @@
 //! ```
 //!
 //! With the `metrics` feature every count is also published, as it
-//! happens, through the `metrics` crate's facade: the application installs
-//! an exporter (metrics-exporter-prometheus, an OpenTelemetry bridge, …)
-//! and the counters reach it without code of ours or theirs. Without an
-//! installed recorder a publication is one load of a global and nothing
-//! else.
+//! happens, through the `metrics` crate's facade, labelled by host, with
+//! each attempt's duration beside them: the application installs an
+//! exporter (metrics-exporter-prometheus, an OpenTelemetry bridge, …)
+//! before building the policy, and the series reach it without code of
+//! ours or theirs (see `names` for what is published). A host's handles
+//! are made when its first call starts; a publication is then a lookup in
+//! a sharded map and an atomic add, with or without a recorder. Without
+//! the feature nothing of it is built.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The names the `metrics` feature publishes under.
-///
-/// OpenTelemetry's semantic conventions have no metric for retries (only
-/// the `http.request.resend_count` attribute, which the `tracing` events
-/// carry), so the names follow its naming rules in this crate's namespace:
-/// lowercase, dot-separated, counters without a `_total` suffix. A
-/// Prometheus exporter turns the dots into underscores
-/// (`reqwest_safe_retry_retries`; OpenTelemetry's adds `_total`). Each
-/// counter is the
-/// [`MetricsSnapshot`] field of the same name; all policies of a process
-/// add up under one name.
 #[cfg(feature = "metrics")]
-pub mod names {
-    /// Counter: logical calls started.
-    pub const CALLS: &str = "reqwest_safe_retry.calls";
-    /// Counter: calls whose first attempt did not succeed (a throttling
-    /// answer is counted in `THROTTLED` instead).
-    pub const FIRST_ATTEMPT_FAILURES: &str = "reqwest_safe_retry.first_attempt_failures";
-    /// Counter: retries made (attempts after the first).
-    pub const RETRIES: &str = "reqwest_safe_retry.retries";
-    /// Counter: calls that ended without success.
-    pub const FINAL_FAILURES: &str = "reqwest_safe_retry.final_failures";
-    /// Counter: retries given up for lack of admission.
-    pub const BUDGET_REJECTIONS: &str = "reqwest_safe_retry.budget_rejections";
-    /// Counter: retries admitted and sent.
-    pub const ADMISSIONS: &str = "reqwest_safe_retry.admissions";
-    /// Counter: of the admissions, the probes sent while failures continued.
-    pub const PROBES: &str = "reqwest_safe_retry.probes";
-    /// Counter: retries that had to wait for admission.
-    pub const WAITS: &str = "reqwest_safe_retry.waits";
-    /// Counter: throttling answers (429, or 503 with Retry-After), not
-    /// counted as first-attempt failures.
-    pub const THROTTLED: &str = "reqwest_safe_retry.throttled";
-    /// Counter: attempts that waited for a paced host's rate or a spent
-    /// quota's reset.
-    pub const RATE_LIMIT_WAITS: &str = "reqwest_safe_retry.rate_limit_waits";
-    /// Counter: delays set by a server's Retry-After.
-    pub const RETRY_AFTER_HONOURED: &str = "reqwest_safe_retry.retry_after_honoured";
-    /// Counter: calls given up because another attempt would not fit the
-    /// deadline.
-    pub const DEADLINE_GIVE_UPS: &str = "reqwest_safe_retry.deadline_give_ups";
-    /// Counter: hedges sent (second copies of a slow attempt).
-    pub const HEDGES: &str = "reqwest_safe_retry.hedges";
-    /// Counter: of the hedges, those whose answer was used.
-    pub const HEDGE_WINS: &str = "reqwest_safe_retry.hedge_wins";
-    /// Histogram: attempts per finished call (1 for a call that was not
-    /// retried).
-    pub const ATTEMPTS: &str = "reqwest_safe_retry.attempts";
-}
-
-/// Describes every published metric (its meaning, and the unit of the
-/// histogram) to the installed recorder; call it once after installing
-/// one. Exporters show the descriptions as `# HELP` lines.
+mod published;
 #[cfg(feature = "metrics")]
-pub fn describe_metrics() {
-    use ::metrics::{describe_counter, describe_histogram, Unit};
-    describe_counter!(names::CALLS, Unit::Count, "Logical calls started");
-    describe_counter!(
-        names::FIRST_ATTEMPT_FAILURES,
-        Unit::Count,
-        "Calls whose first attempt did not succeed"
-    );
-    describe_counter!(
-        names::RETRIES,
-        Unit::Count,
-        "Retries made (attempts after the first)"
-    );
-    describe_counter!(
-        names::FINAL_FAILURES,
-        Unit::Count,
-        "Calls that ended without success"
-    );
-    describe_counter!(
-        names::BUDGET_REJECTIONS,
-        Unit::Count,
-        "Retries given up for lack of admission"
-    );
-    describe_counter!(names::ADMISSIONS, Unit::Count, "Retries admitted and sent");
-    describe_counter!(
-        names::PROBES,
-        Unit::Count,
-        "Admitted retries sent as probes while failures continued"
-    );
-    describe_counter!(
-        names::WAITS,
-        Unit::Count,
-        "Retries that waited for admission"
-    );
-    describe_counter!(
-        names::THROTTLED,
-        Unit::Count,
-        "Throttling answers (429, or 503 with Retry-After)"
-    );
-    describe_counter!(
-        names::RATE_LIMIT_WAITS,
-        Unit::Count,
-        "Attempts that waited for a rate-limited host's pace or reset"
-    );
-    describe_counter!(
-        names::RETRY_AFTER_HONOURED,
-        Unit::Count,
-        "Delays set by a server's Retry-After"
-    );
-    describe_counter!(
-        names::DEADLINE_GIVE_UPS,
-        Unit::Count,
-        "Calls given up because another attempt would not fit the deadline"
-    );
-    describe_counter!(
-        names::HEDGES,
-        Unit::Count,
-        "Hedges sent: second copies of an attempt slower than its host's usual latency"
-    );
-    describe_counter!(
-        names::HEDGE_WINS,
-        Unit::Count,
-        "Hedges whose answer was used"
-    );
-    describe_histogram!(names::ATTEMPTS, Unit::Count, "Attempts per finished call");
-}
+pub use published::{describe_metrics, names};
 
-/// Publishes one more of `names::$name` through the `metrics` facade;
-/// nothing without the feature.
+/// Publishes one more of a counter for a host through the `metrics`
+/// facade; nothing without the feature.
 macro_rules! publish {
-    ($name:ident) => {
+    ($self:ident, $host:expr, $count:ident) => {
         #[cfg(feature = "metrics")]
-        {
-            // What `metrics::counter!` registers, but with the key built
-            // (and hashed) once at compile time instead of on every call.
-            static KEY: ::metrics::Key = ::metrics::Key::from_static_name(names::$name);
-            ::metrics::with_recorder(|r| r.register_counter(&KEY, &METADATA)).increment(1);
-        }
+        $self
+            .published
+            .with($host, None, |s| s.count(published::Count::$count));
+        #[cfg(not(feature = "metrics"))]
+        let _ = $host;
     };
 }
-
-/// The metadata every published metric is registered with: what the
-/// `metrics` macros give one written in this module.
-#[cfg(feature = "metrics")]
-static METADATA: ::metrics::Metadata<'static> =
-    ::metrics::Metadata::new(module_path!(), ::metrics::Level::INFO, Some(module_path!()));
 
 /// Attempts-per-call histogram buckets: 1, 2, …, `BUCKETS - 1`, and one for
 /// "more".
 const BUCKETS: usize = 11;
 
 /// Lock-free counters shared by every clone of a policy.
-#[derive(Debug, Default)]
 pub struct Metrics {
+    counts: Counts,
+    /// The series the `metrics` feature publishes, by host.
+    #[cfg(feature = "metrics")]
+    published: published::Published,
+}
+
+/// The hosts labelled apart by a [`Metrics`] made on its own: the
+/// admission's default partition bound (`AdaptiveConfig::max_partitions`).
+const DEFAULT_HOSTS: usize = 10_000;
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new(DEFAULT_HOSTS)
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("counts", &self.snapshot())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Counts {
     calls: AtomicU64,
     first_attempt_failures: AtomicU64,
     retries: AtomicU64,
@@ -231,110 +136,169 @@ pub struct MetricsSnapshot {
 }
 
 impl Metrics {
-    pub(crate) fn call_started(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        publish!(CALLS);
-    }
-
-    pub(crate) fn first_attempt_failed(&self) {
-        self.first_attempt_failures.fetch_add(1, Ordering::Relaxed);
-        publish!(FIRST_ATTEMPT_FAILURES);
-    }
-
-    pub(crate) fn retried(&self, by_retry_after: bool) {
-        self.retries.fetch_add(1, Ordering::Relaxed);
-        publish!(RETRIES);
-        if by_retry_after {
-            self.retry_after_honoured.fetch_add(1, Ordering::Relaxed);
-            publish!(RETRY_AFTER_HONOURED);
+    /// Counters whose published series label at most `hosts` hosts apart
+    /// (the rest share `_other`); with the `metrics` feature, the series
+    /// that exist before any call are registered at zero now.
+    pub(crate) fn new(hosts: usize) -> Self {
+        #[cfg(not(feature = "metrics"))]
+        let _ = hosts;
+        Metrics {
+            counts: Counts::default(),
+            #[cfg(feature = "metrics")]
+            published: published::Published::new(hosts),
         }
     }
 
-    pub(crate) fn budget_rejected(&self) {
-        self.budget_rejections.fetch_add(1, Ordering::Relaxed);
-        publish!(BUDGET_REJECTIONS);
-    }
-
-    pub(crate) fn admitted(&self, probe: bool) {
-        self.admissions.fetch_add(1, Ordering::Relaxed);
-        publish!(ADMISSIONS);
-        if probe {
-            self.probes.fetch_add(1, Ordering::Relaxed);
-            publish!(PROBES);
-        }
-    }
-
-    pub(crate) fn waited(&self) {
-        self.waits.fetch_add(1, Ordering::Relaxed);
-        publish!(WAITS);
-    }
-
-    pub(crate) fn throttled(&self) {
-        self.throttled.fetch_add(1, Ordering::Relaxed);
-        publish!(THROTTLED);
-    }
-
-    pub(crate) fn waited_for_rate_limit(&self) {
-        self.rate_limit_waits.fetch_add(1, Ordering::Relaxed);
-        publish!(RATE_LIMIT_WAITS);
-    }
-
-    pub(crate) fn deadline_gave_up(&self) {
-        self.deadline_give_ups.fetch_add(1, Ordering::Relaxed);
-        publish!(DEADLINE_GIVE_UPS);
-    }
-
-    pub(crate) fn hedged(&self) {
-        self.hedges.fetch_add(1, Ordering::Relaxed);
-        publish!(HEDGES);
-    }
-
-    pub(crate) fn hedge_won(&self) {
-        self.hedge_wins.fetch_add(1, Ordering::Relaxed);
-        publish!(HEDGE_WINS);
-    }
-
-    pub(crate) fn circuit_refused(&self) {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.final_failures.fetch_add(1, Ordering::Relaxed);
-        self.circuit_rejections.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn call_finished(&self, attempts: u32, success: bool) {
-        if !success {
-            self.final_failures.fetch_add(1, Ordering::Relaxed);
-            publish!(FINAL_FAILURES);
-        }
-        let i = (attempts.max(1) as usize - 1).min(BUCKETS - 1);
-        self.attempts[i].fetch_add(1, Ordering::Relaxed);
+    /// A call starts, to `host` (a partition's digest; 0: no host), sent
+    /// to `url`, which names the host's series if it has none yet.
+    pub(crate) fn call_started(&self, host: u64, url: Option<&reqwest::Url>) {
+        self.counts.calls.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        {
-            static KEY: ::metrics::Key = ::metrics::Key::from_static_name(names::ATTEMPTS);
-            ::metrics::with_recorder(|r| r.register_histogram(&KEY, &METADATA))
-                .record(f64::from(attempts.max(1)));
+        self.published
+            .with(host, url, |s| s.count(published::Count::Calls));
+        #[cfg(not(feature = "metrics"))]
+        let _ = (host, url);
+    }
+
+    pub(crate) fn first_attempt_failed(&self, host: u64) {
+        self.counts
+            .first_attempt_failures
+            .fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, FirstAttemptFailures);
+    }
+
+    pub(crate) fn retried(&self, host: u64, by_retry_after: bool) {
+        self.counts.retries.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, Retries);
+        if by_retry_after {
+            self.counts
+                .retry_after_honoured
+                .fetch_add(1, Ordering::Relaxed);
+            publish!(self, host, RetryAfterHonoured);
         }
+    }
+
+    pub(crate) fn budget_rejected(&self, host: u64) {
+        self.counts
+            .budget_rejections
+            .fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, BudgetRejections);
+    }
+
+    pub(crate) fn admitted(&self, host: u64, probe: bool) {
+        self.counts.admissions.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, Admissions);
+        if probe {
+            self.counts.probes.fetch_add(1, Ordering::Relaxed);
+            publish!(self, host, Probes);
+        }
+    }
+
+    pub(crate) fn waited(&self, host: u64) {
+        self.counts.waits.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, Waits);
+    }
+
+    pub(crate) fn throttled(&self, host: u64) {
+        self.counts.throttled.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, Throttled);
+    }
+
+    pub(crate) fn waited_for_rate_limit(&self, host: u64) {
+        self.counts.rate_limit_waits.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, RateLimitWaits);
+    }
+
+    pub(crate) fn deadline_gave_up(&self, host: u64) {
+        self.counts
+            .deadline_give_ups
+            .fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, DeadlineGiveUps);
+    }
+
+    pub(crate) fn hedged(&self, host: u64) {
+        self.counts.hedges.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, Hedges);
+    }
+
+    pub(crate) fn hedge_won(&self, host: u64) {
+        self.counts.hedge_wins.fetch_add(1, Ordering::Relaxed);
+        publish!(self, host, HedgeWins);
+    }
+
+    /// The breaker refused a call to `host` sent to `url`: a call started
+    /// and failed, with no attempt.
+    pub(crate) fn circuit_refused(&self, host: u64, url: &reqwest::Url) {
+        self.counts.calls.fetch_add(1, Ordering::Relaxed);
+        self.counts.final_failures.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .circuit_rejections
+            .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.published.with(host, Some(url), |s| {
+            s.count(published::Count::Calls);
+            s.count(published::Count::FinalFailures);
+            s.count(published::Count::CircuitRejections);
+        });
+        #[cfg(not(feature = "metrics"))]
+        let _ = (host, url);
+    }
+
+    /// An attempt of an HTTP call to `host` took `took`: `method` is its
+    /// label, `answer` the status code, or the transport failure's name.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn attempt_took(
+        &self,
+        host: u64,
+        method: &'static str,
+        answer: Result<u16, &'static str>,
+        took: std::time::Duration,
+    ) {
+        let answer = match answer {
+            Ok(code) => published::Answer::Status(code),
+            Err(kind) => published::Answer::Failed(kind),
+        };
+        self.published
+            .with(host, None, |s| s.duration(method, answer, took));
+    }
+
+    pub(crate) fn call_finished(&self, host: u64, attempts: u32, success: bool) {
+        let i = (attempts.max(1) as usize - 1).min(BUCKETS - 1);
+        self.counts.attempts[i].fetch_add(1, Ordering::Relaxed);
+        if !success {
+            self.counts.final_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        self.published.with(host, None, |s| {
+            if !success {
+                s.count(published::Count::FinalFailures);
+            }
+            s.attempts(attempts.max(1));
+        });
+        #[cfg(not(feature = "metrics"))]
+        let _ = host;
     }
 
     /// Reads every counter.
     pub fn snapshot(&self) -> MetricsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         MetricsSnapshot {
-            calls: get(&self.calls),
-            first_attempt_failures: get(&self.first_attempt_failures),
-            retries: get(&self.retries),
-            final_failures: get(&self.final_failures),
-            budget_rejections: get(&self.budget_rejections),
-            retry_after_honoured: get(&self.retry_after_honoured),
-            deadline_give_ups: get(&self.deadline_give_ups),
-            admissions: get(&self.admissions),
-            probes: get(&self.probes),
-            waits: get(&self.waits),
-            circuit_rejections: get(&self.circuit_rejections),
-            throttled: get(&self.throttled),
-            rate_limit_waits: get(&self.rate_limit_waits),
-            hedges: get(&self.hedges),
-            hedge_wins: get(&self.hedge_wins),
-            attempts_per_call: self.attempts.iter().map(get).collect(),
+            calls: get(&self.counts.calls),
+            first_attempt_failures: get(&self.counts.first_attempt_failures),
+            retries: get(&self.counts.retries),
+            final_failures: get(&self.counts.final_failures),
+            budget_rejections: get(&self.counts.budget_rejections),
+            retry_after_honoured: get(&self.counts.retry_after_honoured),
+            deadline_give_ups: get(&self.counts.deadline_give_ups),
+            admissions: get(&self.counts.admissions),
+            probes: get(&self.counts.probes),
+            waits: get(&self.counts.waits),
+            circuit_rejections: get(&self.counts.circuit_rejections),
+            throttled: get(&self.counts.throttled),
+            rate_limit_waits: get(&self.counts.rate_limit_waits),
+            hedges: get(&self.counts.hedges),
+            hedge_wins: get(&self.counts.hedge_wins),
+            attempts_per_call: self.counts.attempts.iter().map(get).collect(),
         }
     }
 }

@@ -87,7 +87,7 @@ where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let mut run = Run::start(policy, Limits::from(policy), partition);
+    let mut run = Run::start(policy, Limits::from(policy), partition, None);
     let span = operation_span();
     run.traced = !span.is_disabled();
     run.drive(&mut Closure(op)).instrument(span).await
@@ -114,6 +114,11 @@ pub(crate) trait Attempt {
 
     /// The attempt's status or error kind, for the per-attempt event.
     fn label(&self, value: &Self::Output, f: &mut fmt::Formatter<'_>) -> fmt::Result;
+
+    /// Publishes that the attempt to `host` took `elapsed` (the `metrics`
+    /// feature): an HTTP attempt's duration; nothing for another.
+    #[cfg(feature = "metrics")]
+    fn took(&self, _value: &Self::Output, _host: u64, _elapsed: Duration) {}
 }
 
 /// The generic engine's operation: a closure.
@@ -156,14 +161,14 @@ pub(crate) fn operation_span() -> tracing::Span {
 
 /// One event per attempt: number, status or error kind, class, chosen delay,
 /// and the reason when it is the last.
-fn trace_attempt(ctx: &AttemptContext, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
+fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
     let (delay_ms, stop_reason) = match step {
         Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
         Step::Stop(r) => (0, r.as_str()),
     };
     tracing::info!(
-        attempt = ctx.attempt(),
-        http.request.resend_count = ctx.attempt() - 1,
+        attempt,
+        http.request.resend_count = attempt - 1,
         %outcome,
         class = verdict.class_name(),
         delay_ms,
@@ -199,15 +204,27 @@ pub(crate) struct Run<'p> {
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
+    /// Whether the operation is a call to a host (an HTTP request), whose
+    /// published series are labelled by its partition's host.
+    #[cfg(feature = "metrics")]
+    by_host: bool,
     pub(crate) report: RetryReport,
 }
 
 impl<'p> Run<'p> {
-    pub(crate) fn start(policy: &'p RetryPolicy, limits: Limits, partition: Partition) -> Self {
+    /// Starts an operation on `partition`; `url`, for an HTTP call, names
+    /// the host its published series are labelled with.
+    pub(crate) fn start(
+        policy: &'p RetryPolicy,
+        limits: Limits,
+        partition: Partition,
+        url: Option<&reqwest::Url>,
+    ) -> Self {
         let now = policy.clock.now();
         // A call made while serving a request ends when its caller stops waiting.
         let limits = deadline::bound(limits);
-        policy.metrics.call_started();
+        let host = if url.is_some() { partition.id() } else { 0 };
+        policy.metrics.call_started(host, url);
         policy.admission.first_attempt(partition, now);
         Run {
             policy,
@@ -222,6 +239,8 @@ impl<'p> Run<'p> {
             pacing: false,
             route: Route::WHOLE,
             traced: false,
+            #[cfg(feature = "metrics")]
+            by_host: url.is_some(),
             report: RetryReport {
                 partition,
                 ..RetryReport::new()
@@ -249,8 +268,13 @@ impl<'p> Run<'p> {
                 signal,
             } = op.attempt(ctx).await;
             let ended = self.policy.clock.now();
+            #[cfg(feature = "metrics")]
+            op.took(&value, self.host(), ended.saturating_duration_since(begins));
             let step = self.decide(verdict, signal, ended);
-            trace_attempt(&ctx, &Label(op, &value), verdict, step);
+            // The attempt's number from the run, not from `ctx`: the
+            // context is then not kept across the attempt's await, which
+            // leaves the future room for `begins`, the attempt's duration.
+            trace_attempt(self.attempt, &Label(op, &value), verdict, step);
             let (reason, at) = match step {
                 Step::Stop(reason) => (reason, ended),
                 Step::Retry(delay, kind) => {
@@ -297,6 +321,16 @@ impl<'p> Run<'p> {
         }
     }
 
+    /// The host the operation's counters are published for: its
+    /// partition's digest for a call to a host, 0 for another operation.
+    pub(super) fn host(&self) -> u64 {
+        #[cfg(feature = "metrics")]
+        if self.by_host {
+            return self.report.partition.id();
+        }
+        0
+    }
+
     pub(super) fn time_left(&self, now: Instant) -> Option<Duration> {
         self.deadline.map(|d| d.saturating_duration_since(now))
     }
@@ -315,7 +349,7 @@ impl<'p> Run<'p> {
         };
         let record = signal.onto(
             AttemptRecord::new(self.attempt, self.grant, result).on_route(self.route),
-            || policy.metrics.throttled(),
+            || policy.metrics.throttled(self.host()),
             policy.settings.max_retry_after,
         );
         policy.admission.record(self.report.partition, record, now);
@@ -323,7 +357,7 @@ impl<'p> Run<'p> {
             breaker.record(self.report.partition, result != AttemptResult::Failure, now);
         }
         if self.attempt == 1 && verdict != Verdict::Success && !signal.throttled {
-            policy.metrics.first_attempt_failed();
+            policy.metrics.first_attempt_failed(self.host());
         }
         let (hint, kind) = match verdict {
             Verdict::Success => return Step::Stop(StopReason::Success),
@@ -362,7 +396,7 @@ impl<'p> Run<'p> {
         if let Some(left) = self.time_left(now) {
             let needed = delay.saturating_add(settings.min_attempt_window);
             if needed > left {
-                policy.metrics.deadline_gave_up();
+                policy.metrics.deadline_gave_up(self.host());
                 let hint_alone_fits =
                     hint.is_none_or(|h| h.saturating_add(settings.min_attempt_window) <= left);
                 return Step::Stop(if hint_alone_fits {
@@ -374,7 +408,7 @@ impl<'p> Run<'p> {
         }
         // A strategy that fails fast fails before the sleep.
         if !policy.admission.may_admit(self.report.partition, kind) {
-            policy.metrics.budget_rejected();
+            policy.metrics.budget_rejected(self.host());
             return Step::Stop(StopReason::BudgetExhausted);
         }
         self.by_hint = delay > computed;
@@ -395,6 +429,7 @@ impl<'p> Run<'p> {
     /// Ends the operation at `now`: the report, the span's fields, the
     /// counters.
     pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
+        let host = self.host();
         let mut report = std::mem::replace(&mut self.report, RetryReport::new());
         report.stop_reason = reason;
         deadline::note_stop(reason, self.attempt);
@@ -406,7 +441,7 @@ impl<'p> Run<'p> {
         }
         self.policy
             .metrics
-            .call_finished(self.attempt, reason == StopReason::Success);
+            .call_finished(host, self.attempt, reason == StopReason::Success);
         report
     }
 }

@@ -147,4 +147,35 @@ impl Attempt for HttpAttempts<'_> {
             Err(e) => f.write_str(transport_failure(e).name()),
         }
     }
+
+    #[cfg(feature = "metrics")]
+    fn took(&self, value: &Self::Output, host: u64, elapsed: std::time::Duration) {
+        let answer = match value {
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) => Err(transport_failure(e).name()),
+        };
+        let method = METHODS
+            .get(usize::from(self.judge.method))
+            .copied()
+            .unwrap_or("_OTHER");
+        let metrics = &self.judge.policy.metrics;
+        metrics.attempt_took(host, method, answer, elapsed);
+    }
+}
+
+/// The methods OpenTelemetry labels by name (RFC 9110's and PATCH); any
+/// other is `_OTHER`, so a client sending made-up methods cannot grow the
+/// label's values.
+#[cfg(feature = "metrics")]
+const METHODS: [&str; 10] = [
+    "_OTHER", "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+];
+
+/// `method`'s index in [`METHODS`] (0, `_OTHER`, for another).
+#[cfg(feature = "metrics")]
+pub(super) fn method_label(method: &reqwest::Method) -> u8 {
+    let i = METHODS.iter().position(|m| *m == method.as_str());
+    // Fewer than 256 methods: the index fits.
+    #[allow(clippy::cast_possible_truncation)]
+    i.map_or(0, |i| i as u8)
 }

@@ -210,7 +210,7 @@ impl Hedge<'_, '_> {
             *request.timeout_mut() = left;
         }
         stamp_headers(policy, &mut request, &ctx, left);
-        policy.metrics.hedged();
+        policy.metrics.hedged(self.hedging.partition.id());
         self.hedging.sent.fetch_add(1, Ordering::Relaxed);
         let mut first = Some(first);
         let mut second = Some(next.run(request, &mut extensions));
@@ -273,7 +273,7 @@ impl Hedge<'_, '_> {
         // copies failed transiently (the attempt failed; nobody won).
         let won = winner == Which::Hedge && !matches!(verdict, Verdict::Transient { .. });
         if won {
-            policy.metrics.hedge_won();
+            policy.metrics.hedge_won(self.hedging.partition.id());
             self.hedging.won.fetch_add(1, Ordering::Relaxed);
         }
         // The engine records the answer returned. The hedge's grant is
@@ -283,13 +283,16 @@ impl Hedge<'_, '_> {
         // when the hedge's is (or the hedge's result alone when the first
         // copy never answered).
         let route = self.hedging.route;
+        let host = self.hedging.partition.id();
         let max_hold = policy.settings.max_retry_after;
         let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result).on_route(route);
         let record = match (winner, first_seen) {
-            (Which::First, _) => hedge_signal.onto(record, || policy.metrics.throttled(), max_hold),
+            (Which::First, _) => {
+                hedge_signal.onto(record, || policy.metrics.throttled(host), max_hold)
+            }
             (Which::Hedge, Some((result, signal))) => signal.onto(
                 AttemptRecord::new(ctx.attempt(), Some(grant), result).on_route(route),
-                || policy.metrics.throttled(),
+                || policy.metrics.throttled(host),
                 max_hold,
             ),
             (Which::Hedge, None) => record,

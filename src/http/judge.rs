@@ -26,6 +26,10 @@ pub(super) struct Judge<'a> {
     pub(super) keyed: bool,
     /// Beside `keyed`, where it costs the future no room of its own.
     pub(super) max_attempts: u32,
+    /// The request's method as the published duration labels it (an
+    /// index into `attempt::METHODS`), beside `keyed` too.
+    #[cfg(feature = "metrics")]
+    pub(super) method: u8,
 }
 
 impl Judge<'_> {

@@ -106,6 +106,7 @@ impl Middleware for RetryMiddleware {
                 "retry",
                 http.request.method = %request.method(),
                 server.address = request.url().host_str().unwrap_or_default(),
+                server.port = request.url().port_or_known_default(),
                 url.path = request.url().path(),
                 idempotency_key = key.as_ref().map(SharedKey::as_str),
                 http.request.resend_count = tracing::field::Empty,
@@ -122,7 +123,9 @@ impl Middleware for RetryMiddleware {
             if !breaker.allow(partition, policy.clock.now()) {
                 // Refused locally and at once: no attempt, no retry; a
                 // handler's inbound layer answers its caller "do not retry".
-                policy.metrics.circuit_refused();
+                policy
+                    .metrics
+                    .circuit_refused(partition.id(), request.url());
                 deadline::note_stop(StopReason::CircuitOpen, 0);
                 let mut report = RetryReport::new();
                 report.attempts = 0;
@@ -150,7 +153,7 @@ impl Middleware for RetryMiddleware {
         }
         let route = Route::of_url(request.url());
         let watch = attempt::watch_of(policy, &request);
-        let mut run = Run::start(policy, limits, partition);
+        let mut run = Run::start(policy, limits, partition, Some(request.url()));
         run.route = route;
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
@@ -161,6 +164,8 @@ impl Middleware for RetryMiddleware {
                 classifier,
                 keyed: run.report.idempotency_key.is_some(),
                 max_attempts: limits.max_attempts,
+                #[cfg(feature = "metrics")]
+                method: attempt::method_label(request.method()),
             },
             hedging: hedge.map(|config| {
                 Box::new(Hedging {
