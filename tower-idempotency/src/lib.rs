@@ -99,18 +99,25 @@
 //!   [`IdempotencyContext`] found in the request extensions). The effect and
 //!   the stored response commit or roll back together, so no crash can
 //!   separate them.
-//! * **At most once per lease** for every other handler (MemoryStore, or an
-//!   effect outside the database such as a call to a payment processor): the
-//!   effect runs at most once while its server lives, through an outage of
-//!   the store too (a takeover needs the lease seen stale for a lock timeout
-//!   while the store is reachable, so the owner resumes its lease first). If
-//!   the server dies between the effect and storing the response, a retry
-//!   runs the handler again once its lease has been seen stale for a lock
-//!   timeout. Make such effects
-//!   idempotent downstream (pass the idempotency key on to the processor),
-//!   or record *recovery points*: in a transaction, write "about to charge"
-//!   with the key before the call and the result after it, and have the
-//!   handler resume from the last recovery point instead of starting over.
+//! * **At most once, fenced**, for every other handler (MemoryStore, or an
+//!   effect outside the database such as a call to a payment processor)
+//!   that checks [`IdempotencyContext::still_held`] right before its
+//!   effect: no other request can take the key over before it turns
+//!   `false`, a lock timeout after the last heartbeat the store accepted
+//!   was sent (a takeover needs the lease stale for a lock timeout, then a
+//!   lock timeout more after a retry marked it), through an outage of the
+//!   store and when only this server is cut off from it. Not covered: an
+//!   effect already under way when the server lost the store and still
+//!   running a lock timeout later, and a server that dies between the
+//!   effect and storing the response (a retry runs the handler again once
+//!   its lease has been seen stale for a lock timeout). For those, make the
+//!   effect recognise a second run downstream: pass the key on
+//!   (`reqwest-safe-retry` derives one per call inside its
+//!   `InheritDeadlineLayer`), or the fencing epoch
+//!   ([`IdempotencyContext::epoch`]), or record *recovery points*: in a
+//!   transaction, write "about to charge" with the key before the call and
+//!   the result after it, and have the handler resume from the last
+//!   recovery point instead of starting over.
 //!
 //! # PostgreSQL: transactional or two-phase
 //!
