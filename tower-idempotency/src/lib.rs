@@ -186,6 +186,8 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod problem;
+#[cfg(feature = "redis")]
+mod redis_store;
 mod replay;
 mod run;
 mod scope;
@@ -200,6 +202,8 @@ pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 pub use problem::ProblemKind;
+#[cfg(feature = "redis")]
+pub use redis_store::{RedisStore, DEFAULT_REDIS_PREFIX};
 pub use store::{
     next_epoch, spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore,
     LeaseToken, ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,

@@ -17,12 +17,13 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_idempotency::{
     IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyStore, ManualClock, MemoryStore,
-    PostgresStore,
+    PostgresStore, RedisStore,
 };
 
 /// Runs the given async test functions (each `async fn(Harness)`) once per
-/// store: `mod NAME { memory, postgres }`. Each PostgreSQL run gets a private
-/// table (so moving its time cannot disturb another test), dropped at the end.
+/// store: `mod NAME { memory, postgres, redis }`. Each PostgreSQL run gets a
+/// private table, each Redis run a private key prefix (so moving its time
+/// cannot disturb another test), dropped at the end.
 #[macro_export]
 macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {$(
@@ -34,6 +35,13 @@ macro_rules! both_stores {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn postgres() {
                 let h = $crate::support::Harness::postgres().await;
+                let cleanup = h.cleanup();
+                super::$name(h).await;
+                cleanup.run().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis() {
+                let h = $crate::support::Harness::redis().await;
                 let cleanup = h.cleanup();
                 super::$name(h).await;
                 cleanup.run().await;
@@ -52,6 +60,7 @@ pub struct Harness {
     /// Unique per test, so tests sharing a store never collide.
     pub scope: String,
     pub pg: Option<PostgresStore>,
+    pub redis: Option<RedisStore>,
 }
 
 pub fn database_url() -> String {
@@ -112,8 +121,90 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Drops a PostgreSQL harness's private table.
-pub struct Cleanup(Option<PostgresStore>);
+/// The Redis the tests use: `REDIS_URL`, or the local default.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A Redis store under a private prefix, or a panic naming the URL and how
+/// to start the server. The local server keeps nothing on disk: the store
+/// is connected as volatile (what `connect` would refuse).
+pub async fn redis_store(prefix: &str) -> RedisStore {
+    let url = redis_url();
+    let connect = RedisStore::connect_volatile(&url);
+    let store = match tokio::time::timeout(Duration::from_secs(3), connect).await {
+        Ok(Ok(store)) => store,
+        Ok(Err(err)) => panic!(
+            "Redis is not reachable at REDIS_URL={url} ({err}). Start it with              `redis-server --daemonize yes`, or point REDIS_URL at another server."
+        ),
+        Err(_) => panic!("Redis at REDIS_URL={url} did not answer within 3 s"),
+    };
+    store.with_prefix(prefix).expect("valid prefix")
+}
+
+/// Runs `script` (ARGV[1]: a number, ARGV[2]: the key pattern) over every
+/// key of `store`'s prefix.
+async fn over_redis_keys(store: &RedisStore, script: &str, n: i64) {
+    let pattern = format!("{}:*", store.prefix());
+    let _: () = redis::Script::new(script)
+        .arg(n)
+        .arg(pattern)
+        .invoke_async(&mut store.connection())
+        .await
+        .expect("a script over the test's Redis keys");
+}
+
+/// How many records a Redis store holds (Redis deletes expired ones by
+/// itself).
+pub async fn redis_records(store: &RedisStore) -> usize {
+    let mut conn = store.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:r:*", store.prefix()))
+        .query_async(&mut conn)
+        .await
+        .expect("listing the test's Redis keys");
+    keys.len()
+}
+
+/// Moves every timestamp of a Redis store's records, and their expiry,
+/// `by` into the past.
+const REDIS_ADVANCE: &str = "
+local cursor, d = '0', tonumber(ARGV[1])
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[2], 'COUNT', 1000)
+  cursor = page[1]
+  for _, k in ipairs(page[2]) do
+    local kind = redis.call('TYPE', k).ok
+    if kind == 'zset' then
+      local scored = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES')
+      for i = 1, #scored, 2 do redis.call('ZADD', k, tonumber(scored[i + 1]) - d, scored[i]) end
+    end
+    if kind == 'hash' then
+      for _, f in ipairs({'locked', 'stale', 'exp'}) do
+        local v = tonumber(redis.call('HGET', k, f) or '0')
+        if v > 0 then redis.call('HSET', k, f, v - d) end
+      end
+      local left = redis.call('PTTL', k)
+      if left > 0 then
+        if left <= d then redis.call('DEL', k) else redis.call('PEXPIRE', k, left - d) end
+      end
+    end
+  end
+until cursor == '0'
+";
+
+/// Deletes every key of a Redis store's prefix.
+const REDIS_DROP: &str = "
+local cursor = '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[2], 'COUNT', 1000)
+  cursor = page[1]
+  for _, k in ipairs(page[2]) do redis.call('DEL', k) end
+until cursor == '0'
+";
+
+/// Drops a PostgreSQL harness's private table, or a Redis harness's keys.
+pub struct Cleanup(Option<PostgresStore>, Option<RedisStore>);
 
 impl Cleanup {
     pub async fn run(self) {
@@ -122,6 +213,9 @@ impl Cleanup {
                 .execute(pg.pool())
                 .await
                 .expect("drop test table");
+        }
+        if let Some(redis) = self.1 {
+            over_redis_keys(&redis, REDIS_DROP, 0).await;
         }
     }
 }
@@ -135,6 +229,21 @@ impl Harness {
             clock,
             scope: unique("t"),
             pg: None,
+            redis: None,
+        }
+    }
+
+    /// Redis harness under a private key prefix; drop its keys with
+    /// [`Harness::cleanup`].
+    pub async fn redis() -> Self {
+        let store = redis_store(&unique("tr")).await;
+        Self {
+            name: "redis",
+            store: Arc::new(store.clone()),
+            clock: Arc::new(ManualClock::new()),
+            scope: unique("t"),
+            pg: None,
+            redis: Some(store),
         }
     }
 
@@ -148,17 +257,23 @@ impl Harness {
             clock: Arc::new(ManualClock::new()),
             scope: unique("t"),
             pg: Some(store),
+            redis: None,
         }
     }
 
     pub fn cleanup(&self) -> Cleanup {
-        Cleanup(self.pg.clone())
+        Cleanup(self.pg.clone(), self.redis.clone())
     }
 
     /// Moves this store's time forward by `by`: the manual clock of the
-    /// memory store; for PostgreSQL, whose leases use the database's
-    /// `now()`, every timestamp of the private table moves back instead.
+    /// memory store; for PostgreSQL and Redis, whose leases use the
+    /// server's clock, every timestamp of the private table or prefix moves
+    /// back instead.
     pub async fn advance(&self, by: Duration) {
+        if let Some(redis) = &self.redis {
+            let ms = i64::try_from(by.as_millis()).expect("a test's duration");
+            return over_redis_keys(redis, REDIS_ADVANCE, ms).await;
+        }
         match &self.pg {
             None => self.clock.advance(by),
             Some(pg) => {

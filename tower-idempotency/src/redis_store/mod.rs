@@ -1,0 +1,280 @@
+//! [`RedisStore`]: the keys in Redis, shared by every replica of a service.
+//!
+//! ```no_run
+//! use tower_idempotency::{IdempotencyLayer, RedisStore};
+//!
+//! # async fn build() -> Result<(), tower_idempotency::StoreError> {
+//! // Refuses a Redis that can lose keys (no AOF, or an eviction policy);
+//! // `connect_volatile` accepts one, knowing a lost key runs again.
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
+//! let layer = IdempotencyLayer::new(store);
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! Each store operation is one Lua script (`scripts.rs`), atomic on the
+//! server and timed by the server's clock; this file connects, checks what
+//! the server may lose, and names the records; `ops.rs` implements the
+//! store trait with the scripts.
+
+mod ops;
+mod scripts;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
+
+use crate::store::StoreError;
+
+/// The prefix of every key the store writes, unless
+/// [`RedisStore::with_prefix`] sets another.
+pub const DEFAULT_REDIS_PREFIX: &str = "idempotency";
+
+/// How long one store call may wait for Redis before it fails (and the
+/// layer answers `503`, or tries again where it does): a cut connection
+/// must not hang a request.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often a store sweeps by itself unless told otherwise.
+const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(300);
+
+/// Records a sweep looks at per script call: each call is short, so Redis
+/// serves other clients between two.
+const SWEEP_BATCH: usize = 1000;
+
+/// The scripts, loaded once per store (and again by Redis-rs after a
+/// restart of the server: `NOSCRIPT` makes it load them again).
+struct Scripts {
+    claim: Script,
+    lookup: Script,
+    complete: Script,
+    extend: Script,
+    release: Script,
+    sweep: Script,
+}
+
+/// An [`IdempotencyStore`](crate::IdempotencyStore) in Redis (feature
+/// `redis`): replicas of a service share its keys with one round trip per
+/// operation.
+///
+/// **What Redis keeps is the guarantee.** A key Redis loses (a restart
+/// without persistence, a failover to a replica that had not received it,
+/// an eviction under `maxmemory`) is a key the next retry runs again.
+/// [`connect`](Self::connect) therefore refuses a server without the
+/// append-only file (`appendonly yes`) or with an eviction policy other than
+/// `noeviction`; [`connect_volatile`](Self::connect_volatile) accepts one,
+/// for caches of idempotency that may rerun. With `appendfsync everysec`
+/// (Redis's default once AOF is on) a crash of the server loses up to a
+/// second of writes; `appendfsync always` loses none, at a flush per write.
+/// Replication is asynchronous: a failover can lose the last writes, as a
+/// crash would.
+///
+/// Times (lock, stale mark, expiry) are the server's (`TIME`), so replicas'
+/// clocks do not matter. Redis deletes a completed record at its expiry;
+/// one in progress follows the takeover's two steps, expired or not (its
+/// owner may only be cut off), and the store's sweep, started by claims
+/// every [`sweep_every`](Self::sweep_every), marks an expired one seen
+/// stale and deletes it a time to live after the mark if no heartbeat came
+/// since.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: Arc<str>,
+    scripts: Arc<Scripts>,
+    /// How often a claim starts a sweep (`None`: never).
+    sweep_every: Option<Duration>,
+    /// When the next sweep is due, shared by the store's clones.
+    next_sweep: Arc<Mutex<Option<Instant>>>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` (`redis://host:port/db`), refusing a
+    /// server that can lose keys: no append-only file, or an eviction
+    /// policy other than `noeviction` (see the type's documentation).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::connect_volatile(url).await?;
+        store.check_durability().await?;
+        Ok(store)
+    }
+
+    /// Connects to the Redis at `url` whatever it may lose. A key it loses
+    /// is a request that runs again: use it where that is acceptable, or
+    /// for tests.
+    pub async fn connect_volatile(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::with_source("the Redis URL is not valid", e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
+            .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+            .set_number_of_retries(1)
+            .set_max_delay(RESPONSE_TIMEOUT);
+        let conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(redis_err("connecting to Redis"))?;
+        Ok(Self {
+            conn,
+            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
+            scripts: Arc::new(Scripts {
+                claim: Script::new(&scripts::claim()),
+                lookup: Script::new(&scripts::lookup()),
+                complete: Script::new(&scripts::complete()),
+                extend: Script::new(&scripts::extend()),
+                release: Script::new(scripts::RELEASE),
+                sweep: Script::new(&scripts::sweep()),
+            }),
+            sweep_every: Some(DEFAULT_SWEEP_EVERY),
+            next_sweep: Arc::new(Mutex::new(Instant::now().checked_add(DEFAULT_SWEEP_EVERY))),
+        })
+    }
+
+    /// How often the store sweeps expired records in progress by itself,
+    /// started by a claim (default every 5 minutes; `None`: never, the
+    /// application calls
+    /// [`IdempotencyStore::sweep_expired`](crate::IdempotencyStore::sweep_expired)
+    /// or [`spawn_sweeper`](crate::spawn_sweeper)). Completed records need
+    /// no sweep: Redis expires them.
+    pub fn sweep_every(mut self, every: Option<Duration>) -> Self {
+        self.sweep_every = every.filter(|e| !e.is_zero());
+        let next = self.sweep_every.and_then(|e| Instant::now().checked_add(e));
+        self.next_sweep = Arc::new(Mutex::new(next));
+        self
+    }
+
+    /// Starts a sweep in a task of its own if one is due.
+    fn maybe_sweep(&self) {
+        let Some(every) = self.sweep_every else {
+            return;
+        };
+        let now = Instant::now();
+        {
+            let mut next = self.next_sweep.lock().unwrap_or_else(|p| p.into_inner());
+            match *next {
+                Some(at) if at > now => return,
+                // Never again: the interval overflowed an `Instant`.
+                None => return,
+                Some(_) => *next = now.checked_add(every),
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = self.clone();
+        drop(runtime.spawn(async move {
+            use crate::store::IdempotencyStore;
+            if let Err(err) = store.sweep_expired().await {
+                tracing::warn!(error = %err, "sweeping expired idempotency keys failed");
+            }
+        }));
+    }
+
+    /// The same store writing its keys under `prefix` (default
+    /// [`DEFAULT_REDIS_PREFIX`]): several services, or tests, sharing one
+    /// Redis. Letters, digits, `_`, `-` and `.` only.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !valid {
+            return Err(StoreError::msg(format!(
+                "invalid Redis key prefix {prefix:?}: 1 to 64 letters, digits, '_', '-' or '.'"
+            )));
+        }
+        self.prefix = Arc::from(prefix);
+        Ok(self)
+    }
+
+    /// A connection to the store's Redis (one multiplexed connection,
+    /// reconnecting by itself; clones share it), for the application's own
+    /// commands and for maintenance.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// The prefix of this store's keys.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key of `(scope, key)`: the scope's length first, so no
+    /// two pairs share one.
+    pub fn record_key(&self, scope: &str, key: &str) -> String {
+        format!("{}:r:{}:{scope}{key}", self.prefix, scope.len())
+    }
+
+    /// The key of the store's epoch high-water mark.
+    fn epoch_key(&self) -> String {
+        format!("{}:epoch", self.prefix)
+    }
+
+    /// The key of the store's index of records in progress.
+    fn index_key(&self) -> String {
+        format!("{}:in_progress", self.prefix)
+    }
+
+    /// Refuses a server that may lose keys.
+    async fn check_durability(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err("reading the Redis server's settings"))?;
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        if field("aof_enabled") != Some("1") {
+            return Err(StoreError::msg(
+                "this Redis keeps no append-only file (appendonly no): a restart would lose \
+                 keys, and their requests would run again. Turn AOF on, or use \
+                 RedisStore::connect_volatile if that is acceptable",
+            ));
+        }
+        match field("maxmemory_policy") {
+            Some("noeviction") => Ok(()),
+            policy => Err(StoreError::msg(format!(
+                "this Redis may evict keys (maxmemory-policy {}): an evicted key's request \
+                 would run again. Set maxmemory-policy noeviction, or use \
+                 RedisStore::connect_volatile if that is acceptable",
+                policy.unwrap_or("unknown")
+            ))),
+        }
+    }
+}
+
+/// Maps a Redis error to a store error: transient when the server may
+/// answer later (a lost or timed-out connection, a server loading, a
+/// failover under way, out of memory), permanent when the request itself
+/// is wrong.
+fn redis_err(context: &'static str) -> impl Fn(RedisError) -> StoreError {
+    move |err| {
+        let permanent = matches!(
+            err.kind(),
+            ErrorKind::Parse
+                | ErrorKind::UnexpectedReturnType
+                | ErrorKind::InvalidClientConfig
+                | ErrorKind::AuthenticationFailed
+                | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
+        );
+        let error = StoreError::with_source(context, err);
+        if permanent {
+            error
+        } else {
+            error.transient()
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! What only the Redis store has: it refuses a server that can lose keys
+//! unless told otherwise, its epochs keep going up when the server's clock
+//! goes back, and its key prefix is checked.
+mod support;
+
+use std::time::Duration;
+
+use support::{redis_store, redis_url, unique};
+use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, RedisStore};
+
+fn claim<'a>(key: &'a str) -> ClaimRequest<'a> {
+    ClaimRequest {
+        scope: "s",
+        key,
+        fingerprint: Fingerprint([1; 32]),
+        lock_timeout: Duration::from_secs(5),
+        ttl: Duration::from_secs(60),
+    }
+}
+
+/// The machine's Redis keeps nothing on disk (`appendonly no`): `connect`
+/// refuses it and says why and what to do; `connect_volatile` takes it.
+#[tokio::test]
+async fn a_redis_that_can_lose_keys_is_refused_by_default() {
+    redis_store(&unique("tr")).await; // reachable at all
+    let mut conn = redis_store(&unique("tr")).await.connection();
+    let aof: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let refused = RedisStore::connect(&redis_url()).await;
+    if aof.get(1).map(String::as_str) == Some("no") {
+        let err = refused.expect_err("a Redis without AOF was accepted");
+        let text = err.to_string();
+        assert!(text.contains("appendonly"), "{text}");
+        assert!(text.contains("connect_volatile"), "{text}");
+        assert!(!err.is_transient(), "retrying cannot help: {text}");
+    }
+    assert!(RedisStore::connect_volatile(&redis_url()).await.is_ok());
+}
+
+/// Epochs keep going up when the server's clock goes back: the store's
+/// high-water mark, set here far ahead of the clock (as earlier claims
+/// under a clock since set back would have left it), is exceeded.
+#[tokio::test]
+async fn epochs_go_up_when_the_clock_goes_back() {
+    let store = redis_store(&unique("tr")).await;
+    let ahead: u64 = 9_000_000_000_000_000; // year 2255, in microseconds
+    let _: () = redis::cmd("SET")
+        .arg(format!("{}:epoch", store.prefix()))
+        .arg(ahead)
+        .query_async(&mut store.connection())
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed { epoch, .. } = store.claim(claim("k")).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    assert!(epoch > ahead, "{epoch} after {ahead}");
+}
+
+#[tokio::test]
+async fn a_prefix_must_be_a_plain_name() {
+    let store = redis_store(&unique("tr")).await;
+    for bad in ["", "a:b", "a b", "a*", &"x".repeat(65)] {
+        assert!(store.clone().with_prefix(bad).is_err(), "{bad:?}");
+    }
+    assert!(store.with_prefix("payments-v2.keys_1").is_ok());
+}
