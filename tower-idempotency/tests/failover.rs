@@ -14,9 +14,10 @@
 //! The outage's length is the fault injected, not a duration any assertion
 //! measures: the test waits for the clients, not for a guessed time.
 //!
-//! The last test cuts only one replica off (a proxy per replica): the
+//! The last tests cut only one replica off (a proxy per replica): the
 //! other takes that replica's keys over while its handlers still run, and
-//! self-fencing keeps their effects from running twice.
+//! self-fencing keeps their effects from running twice. Each case runs
+//! against PostgreSQL and against Redis (`RedisStore`).
 #[path = "support/proxy.rs"]
 mod proxy;
 mod support;
@@ -33,9 +34,9 @@ use axum::response::IntoResponse;
 use axum::routing;
 use axum::Router;
 use proxy::Proxy;
-use support::{database_url, pg_store, send, unique, Reply};
+use support::{database_url, pg_store, redis_store, redis_url, send, unique, Reply};
 use tokio::task::JoinSet;
-use tower_idempotency::{IdempotencyLayer, PostgresStore};
+use tower_idempotency::{IdempotencyLayer, IdempotencyStore, PostgresStore, RedisStore};
 
 /// The effects that happened, outside the database: key -> runs.
 #[derive(Clone, Default)]
@@ -65,7 +66,7 @@ async fn charge(State(effects): State<Effects>, headers: HeaderMap) -> axum::res
         .into_response()
 }
 
-fn replica(store: PostgresStore, effects: Effects) -> Router {
+fn replica(store: impl IdempotencyStore, effects: Effects) -> Router {
     Router::new()
         .route("/payments", routing::post(charge))
         .with_state(effects)
@@ -116,19 +117,68 @@ async fn in_progress(store: &PostgresStore) -> i64 {
     .unwrap()
 }
 
+/// The store the replicas share.
+#[derive(Clone, Copy, Debug)]
+enum Shared {
+    Postgres,
+    Redis,
+}
+
+/// A store of `shared`'s kind reached directly (`None`) or through a proxy
+/// (its URL), under `name` (a table, or a key prefix).
+async fn store_of(shared: Shared, through: Option<&str>, name: &str) -> Arc<dyn IdempotencyStore> {
+    match (shared, through) {
+        (Shared::Postgres, None) => Arc::new(pg_store(name).await),
+        (Shared::Postgres, Some(url)) => Arc::new(
+            PostgresStore::connect_with_pool_size(url, 8)
+                .await
+                .unwrap()
+                .with_table(name)
+                .unwrap(),
+        ),
+        (Shared::Redis, None) => Arc::new(redis_store(name).await),
+        (Shared::Redis, Some(url)) => Arc::new(
+            RedisStore::connect_volatile(url)
+                .await
+                .unwrap()
+                .with_prefix(name)
+                .unwrap(),
+        ),
+    }
+}
+
+/// Keys left in progress: rows, or records in the Redis store's index.
+async fn stuck(shared: Shared, name: &str) -> i64 {
+    match shared {
+        Shared::Postgres => in_progress(&pg_store(name).await).await,
+        Shared::Redis => {
+            let store = redis_store(name).await;
+            redis::cmd("ZCARD")
+                .arg(format!("{name}:in_progress"))
+                .query_async(&mut store.connection())
+                .await
+                .unwrap()
+        }
+    }
+}
+
 async fn through_an_outage(outage: Duration) {
+    through_an_outage_of(Shared::Postgres, outage).await
+}
+
+async fn through_an_outage_of(shared: Shared, outage: Duration) {
     let table = unique("tif_");
     // Created directly, not through the proxy.
-    let direct = pg_store(&table).await;
-    let proxy = Proxy::start(&database_url()).await;
+    let direct = store_of(shared, None, &table).await;
+    let upstream = match shared {
+        Shared::Postgres => database_url(),
+        Shared::Redis => redis_url(),
+    };
+    let proxy = Proxy::start(&upstream).await;
     let mut replicas = Vec::new();
     let effects = Effects::default();
     for _ in 0..2 {
-        let store = PostgresStore::connect_with_pool_size(&proxy.url(), 8)
-            .await
-            .unwrap()
-            .with_table(&table)
-            .unwrap();
+        let store = store_of(shared, Some(&proxy.url()), &table).await;
         replicas.push(replica(store, effects.clone()));
     }
     let replicas: [Router; 2] = [replicas[0].clone(), replicas[1].clone()];
@@ -173,7 +223,7 @@ async fn through_an_outage(outage: Duration) {
         .filter(|r| r.status == StatusCode::CREATED)
         .count();
     eprintln!(
-        "outage {outage:?}: {} payments, {succeeded} succeeded, {} doubled, all answered {:.1} s \
+        "{shared:?} outage {outage:?}: {} payments, {succeeded} succeeded, {} doubled, all answered {:.1} s \
          after the start",
         keys.len(),
         doubled.len(),
@@ -194,11 +244,33 @@ async fn through_an_outage(outage: Duration) {
         assert!(replay.replayed(), "{key}: {:?}", replay.body);
         assert_eq!(replay.body, reply.body, "{key}");
     }
-    assert_eq!(in_progress(&direct).await, 0, "keys stuck in progress");
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-        .execute(direct.pool())
-        .await
-        .unwrap();
+    assert_eq!(stuck(shared, &table).await, 0, "keys stuck in progress");
+    drop(direct);
+    drop_store(shared, &table).await;
+}
+
+/// Drops a test's PostgreSQL table, or its Redis keys.
+async fn drop_store(shared: Shared, name: &str) {
+    match shared {
+        Shared::Postgres => {
+            let pg = pg_store(name).await;
+            sqlx::query(&format!("DROP TABLE IF EXISTS {name}"))
+                .execute(pg.pool())
+                .await
+                .unwrap();
+        }
+        Shared::Redis => support::drop_redis_keys(&redis_store(name).await).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_two_second_redis_outage_runs_nothing_twice() {
+    through_an_outage_of(Shared::Redis, Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_seven_second_redis_outage_runs_nothing_twice() {
+    through_an_outage_of(Shared::Redis, Duration::from_secs(7)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -246,7 +318,7 @@ struct Fenced {
 /// before the effect. On replica "a" the handler first waits until it is
 /// told its lease may be lost and the partition is over: the effect comes
 /// long after another replica could have taken the key over.
-fn fenced_replica(store: PostgresStore, name: &'static str, fenced: Fenced) -> Router {
+fn fenced_replica(store: Arc<dyn IdempotencyStore>, name: &'static str, fenced: Fenced) -> Router {
     let handler =
         move |axum::Extension(ctx): axum::Extension<tower_idempotency::IdempotencyContext>| {
             let fenced = fenced.clone();
@@ -280,7 +352,7 @@ fn fenced_replica(store: PostgresStore, name: &'static str, fenced: Fenced) -> R
                 status
             }
         };
-    let layer = IdempotencyLayer::builder(store)
+    let layer = IdempotencyLayer::builder_from_arc(store)
         .lock_timeout(LOCK_TIMEOUT)
         .build()
         .unwrap();
@@ -300,20 +372,26 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
 /// its effect, and skips it: every payment is charged exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_replica_cut_off_from_the_database_runs_nothing_twice() {
+    one_replica_cut_off(Shared::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_cut_off_from_redis_runs_nothing_twice() {
+    one_replica_cut_off(Shared::Redis).await;
+}
+
+async fn one_replica_cut_off(shared: Shared) {
     let table = unique("tif_");
-    let direct = pg_store(&table).await;
-    let (to_a, to_b) = (
-        Proxy::start(&database_url()).await,
-        Proxy::start(&database_url()).await,
-    );
+    let direct = store_of(shared, None, &table).await;
+    let upstream = match shared {
+        Shared::Postgres => database_url(),
+        Shared::Redis => redis_url(),
+    };
+    let (to_a, to_b) = (Proxy::start(&upstream).await, Proxy::start(&upstream).await);
     let fenced = Fenced::default();
     let mut replicas = Vec::new();
     for (proxy, name) in [(&to_a, "a"), (&to_b, "b")] {
-        let store = PostgresStore::connect_with_pool_size(&proxy.url(), 8)
-            .await
-            .unwrap()
-            .with_table(&table)
-            .unwrap();
+        let store = store_of(shared, Some(&proxy.url()), &table).await;
         replicas.push(fenced_replica(store, name, fenced.clone()));
     }
     let replicas: [Router; 2] = [replicas[0].clone(), replicas[1].clone()];
@@ -378,9 +456,7 @@ async fn one_replica_cut_off_from_the_database_runs_nothing_twice() {
             told[key] - took_over
         );
     }
-    assert_eq!(in_progress(&direct).await, 0, "keys stuck in progress");
-    sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-        .execute(direct.pool())
-        .await
-        .unwrap();
+    assert_eq!(stuck(shared, &table).await, 0, "keys stuck in progress");
+    drop(direct);
+    drop_store(shared, &table).await;
 }

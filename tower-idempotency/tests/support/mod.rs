@@ -203,6 +203,11 @@ repeat
 until cursor == '0'
 ";
 
+/// Deletes every key of a Redis store's prefix.
+pub async fn drop_redis_keys(store: &RedisStore) {
+    over_redis_keys(store, REDIS_DROP, 0).await;
+}
+
 /// Drops a PostgreSQL harness's private table, or a Redis harness's keys.
 pub struct Cleanup(Option<PostgresStore>, Option<RedisStore>);
 
@@ -215,7 +220,7 @@ impl Cleanup {
                 .expect("drop test table");
         }
         if let Some(redis) = self.1 {
-            over_redis_keys(&redis, REDIS_DROP, 0).await;
+            drop_redis_keys(&redis).await;
         }
     }
 }

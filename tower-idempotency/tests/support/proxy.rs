@@ -1,6 +1,7 @@
-//! A TCP proxy in front of PostgreSQL that can cut every connection and
-//! refuse new ones: a database failover, or (one proxy per replica) a
-//! network partition between one replica and its database.
+//! A TCP proxy in front of a store's server (PostgreSQL, Redis) that can
+//! cut every connection and refuse new ones: a database failover, or (one
+//! proxy per replica) a network partition between one replica and its
+//! database.
 //!
 //! A file of its own, included by path (`#[path = …] mod proxy;`) by the
 //! tests that cut a database off: `tower-idempotency/tests/failover.rs` and
@@ -28,8 +29,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy in front of the database of `direct` (a
-    /// `postgres://user@host:port/db` URL, host an IP address or
+    /// A proxy in front of the server of `direct` (a
+    /// `scheme://[user@]host:port[/path]` URL, host an IP address or
     /// `localhost`).
     pub async fn start(direct: &str) -> Self {
         let upstream = upstream_addr(direct);
@@ -73,16 +74,20 @@ impl Proxy {
         self.up.store(true, Ordering::SeqCst);
     }
 
-    /// The database URL through this proxy: the direct URL with its host
-    /// and port replaced by the proxy's.
+    /// The URL through this proxy: the direct URL with its host and port
+    /// replaced by the proxy's.
     pub fn url(&self) -> String {
-        let (scheme_user, rest) = self
-            .direct
-            .split_once('@')
-            .expect("DATABASE_URL has the form postgres://user@host:port/db");
-        let path = rest.find('/').map_or("", |at| &rest[at..]);
-        format!("{scheme_user}@{}{path}", self.addr)
+        let (before, _, path) = split_url(&self.direct);
+        format!("{before}{}{path}", self.addr)
     }
+}
+
+/// `scheme://[user@]`, `host:port`, and the rest of a URL.
+fn split_url(url: &str) -> (&str, &str, &str) {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let start = url[start..].find('@').map_or(start, |at| start + at + 1);
+    let end = url[start..].find('/').map_or(url.len(), |at| start + at);
+    (&url[..start], &url[start..end], &url[end..])
 }
 
 async fn forward(mut client: TcpStream, upstream: SocketAddr) {
@@ -92,13 +97,10 @@ async fn forward(mut client: TcpStream, upstream: SocketAddr) {
     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
 }
 
-/// The address of the database of `url` (host:port, port 5432 if absent).
+/// The address of the server of `url` (host:port; PostgreSQL's port if
+/// there is none).
 fn upstream_addr(url: &str) -> SocketAddr {
-    let host_port = url
-        .split('@')
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or("127.0.0.1:5432");
+    let (_, host_port, _) = split_url(url);
     let host_port = if host_port.contains(':') {
         host_port.to_owned()
     } else {
@@ -107,5 +109,5 @@ fn upstream_addr(url: &str) -> SocketAddr {
     host_port
         .replace("localhost", "127.0.0.1")
         .parse()
-        .expect("DATABASE_URL names host:port as an IP address")
+        .expect("the URL names host:port as an IP address")
 }
