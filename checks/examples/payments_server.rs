@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example payments_server -- --listen 127.0.0.1:3000 --store memory --work-ms 0
 //! cargo run --example payments_server -- --store postgres://postgres@127.0.0.1:5432/test
+//! cargo run --example payments_server -- --store redis://127.0.0.1:6379
 //! cargo run --example payments_server -- --store memory --after-effect-ms 400
 //!
 //! curl -i localhost:3000/payments -H 'Idempotency-Key: k1' \
@@ -32,6 +33,12 @@
 //! are created at start, and each payment row is inserted in the same
 //! transaction that completes its idempotency key: either both commit or
 //! neither does.
+//!
+//! With `--store redis://...` the keys are in Redis (shared by every
+//! instance pointed at it) and the payments in the process, as with
+//! `memory`; the handler checks that it still holds its key right before
+//! recording a payment. A Redis that can lose keys (no append-only file)
+//! is used with a warning: `RedisStore::connect` would refuse it.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -49,7 +56,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::Connection;
 use tower_idempotency::{
     spawn_sweeper, IdempotencyContext, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    PostgresStore, StoredResponse,
+    PostgresStore, RedisStore, StoredResponse,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -59,7 +66,8 @@ struct Args {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: String,
-    /// `memory`, or a PostgreSQL URL (`postgres://user@host:port/db`).
+    /// `memory`, a PostgreSQL URL (`postgres://user@host:port/db`) or a
+    /// Redis URL (`redis://host:port`).
     #[arg(long, default_value = "memory")]
     store: String,
     /// Simulated processing time per payment, in milliseconds.
@@ -130,6 +138,11 @@ async fn create_payment(
     }
     match &*state.backend {
         Backend::Memory { payments, next_id } => {
+            // Right before the effect: another instance sharing the store
+            // could have taken the key over if this one lost it.
+            if !ctx.still_held() {
+                return unavailable("this request no longer holds its idempotency key");
+            }
             let payment = Payment {
                 id: next_id.fetch_add(1, Ordering::SeqCst),
                 account: new.account,
@@ -254,9 +267,15 @@ async fn run(args: Args) -> Result<(), String> {
             .await
             .map_err(|e| format!("cannot reach PostgreSQL at {}: {e}", args.store))?;
         (Backend::Postgres(store.clone()), Arc::new(store))
+    } else if args.store.starts_with("redis://") || args.store.starts_with("rediss://") {
+        let backend = Backend::Memory {
+            payments: Mutex::new(Vec::new()),
+            next_id: AtomicI64::new(1),
+        };
+        (backend, Arc::new(connect_redis(&args.store).await?))
     } else {
         return Err(format!(
-            "--store must be `memory` or a postgres:// URL, got {:?}",
+            "--store must be `memory`, a postgres:// URL or a redis:// URL, got {:?}",
             args.store
         ));
     };
@@ -305,6 +324,20 @@ async fn run(args: Args) -> Result<(), String> {
 
 /// Connects, applies the migrations and creates the `payments` table; gives
 /// up after 10 s rather than waiting on an unreachable server.
+/// The Redis store at `url`; one that can lose keys with a warning.
+async fn connect_redis(url: &str) -> Result<RedisStore, String> {
+    match RedisStore::connect(url).await {
+        Ok(store) => Ok(store),
+        Err(err) if !err.is_transient() && err.to_string().contains("connect_volatile") => {
+            tracing::warn!("{err}; running anyway (this example keeps its payments in memory too)");
+            RedisStore::connect_volatile(url)
+                .await
+                .map_err(|e| format!("cannot reach Redis at {url}: {e}"))
+        }
+        Err(err) => Err(format!("cannot reach Redis at {url}: {err}")),
+    }
+}
+
 async fn connect_postgres(url: &str) -> Result<PostgresStore, String> {
     let setup = async {
         // One plain connection first: a refused or misconfigured server

@@ -131,3 +131,46 @@ fn an_unreachable_postgres_is_named_at_once() {
     assert!(!stderr.contains("no answer within"), "{stderr}");
     assert!(!stderr.contains("timed out"), "{stderr}");
 }
+
+/// `--store redis://…`: two instances sharing one Redis share their keys.
+/// The payment made through the first is replayed by the second, which
+/// records none. (The machine's Redis keeps nothing on disk: the server
+/// warns and runs.)
+#[tokio::test]
+async fn two_instances_on_one_redis_share_their_keys() {
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let first = PaymentsServer::start(&["--store", &redis]);
+    let second = PaymentsServer::start(&["--store", &redis]);
+    let account = format!("shared-{}", uuid::Uuid::new_v4().simple());
+    let key = uuid::Uuid::new_v4().to_string();
+    let pay = |url: String| {
+        reqwest::Client::new()
+            .post(url)
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .body(format!(r#"{{"account":"{account}","amount":7}}"#))
+            .send()
+    };
+    let paid = pay(first.url()).await.unwrap();
+    assert_eq!(paid.status(), 201);
+    let again = pay(second.url()).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert!(again.headers().contains_key("idempotent-replayed"));
+    assert_eq!(first.payments_of(&account).await, 1);
+    assert_eq!(second.payments_of(&account).await, 0);
+}
+
+#[test]
+fn an_unreachable_redis_is_named_at_once() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let out = run_to_end(&["--listen", "127.0.0.1:0", "--store", &url]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.trim().starts_with(&format!("payments_server: cannot reach Redis at {url}: ")),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}

@@ -22,7 +22,14 @@
 //!   layer adds its claim and its stored response;
 //! * `pg-two-phase`: that handler behind the layer over `PostgresStore`;
 //! * `pg-transactional`: the handler inserting its row through the request's
-//!   `IdempotencyTransaction`, behind `IdempotencyLayer::transactional`.
+//!   `IdempotencyTransaction`, behind `IdempotencyLayer::transactional`;
+//! * `redis`: the trivial handler behind `IdempotencyLayer` over
+//!   `RedisStore` (`REDIS_URL`, default `redis://127.0.0.1:6379`, keys under
+//!   the prefix `loadgen`, kept a minute), compared with `none`;
+//! * `redis-floor`: no layer; the trivial handler makes the two round trips
+//!   a keyed request needs at the least (a claim, then the response kept:
+//!   two `SET … PX 60000` of its own): what any Redis-backed idempotency
+//!   pays before doing anything else, compared with `none`.
 //!
 //! Rounds are interleaved (round r runs every client count × every mode,
 //! the mode order reversed on odd rounds), and every server is fresh (a new
@@ -65,7 +72,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tower_idempotency::{
-    IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore, IDEMPOTENCY_KEY,
+    IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore, RedisStore,
+    IDEMPOTENCY_KEY,
 };
 
 const RESPONSE: &str = r#"{"id":"pay_1","status":"paid"}"#;
@@ -85,10 +93,13 @@ enum Mode {
     PgTxNone,
     PgTwoPhase,
     PgTransactional,
+    Redis,
+    /// Baseline: two round trips to Redis, no layer.
+    RedisFloor,
 }
 
 impl Mode {
-    const ALL: [Mode; 7] = [
+    const ALL: [Mode; 9] = [
         Mode::None,
         Mode::NoneSpawn,
         Mode::Memory,
@@ -96,6 +107,8 @@ impl Mode {
         Mode::PgTxNone,
         Mode::PgTwoPhase,
         Mode::PgTransactional,
+        Mode::Redis,
+        Mode::RedisFloor,
     ];
 
     fn name(self) -> &'static str {
@@ -107,6 +120,8 @@ impl Mode {
             Mode::PgTxNone => "pg-tx-none",
             Mode::PgTwoPhase => "pg-two-phase",
             Mode::PgTransactional => "pg-transactional",
+            Mode::Redis => "redis",
+            Mode::RedisFloor => "redis-floor",
         }
     }
 
@@ -114,7 +129,7 @@ impl Mode {
     fn baseline(self) -> Option<Mode> {
         match self {
             Mode::None | Mode::PgNone => None,
-            Mode::Memory | Mode::NoneSpawn => Some(Mode::None),
+            Mode::Memory | Mode::NoneSpawn | Mode::Redis | Mode::RedisFloor => Some(Mode::None),
             Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
         }
     }
@@ -205,6 +220,30 @@ async fn pay_plain(_body: Bytes) -> Answer {
 /// The trivial handler after a hand-over to a spawned task and back.
 async fn pay_spawn(_body: Bytes) -> Answer {
     let _ = tokio::spawn(async {}).await;
+    created()
+}
+
+/// The trivial handler after two writes to Redis of its own, one round
+/// trip each.
+async fn pay_redis_floor(
+    State(mut conn): State<redis::aio::ConnectionManager>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let key = format!("loadgen:floor:{}", key_of(&headers));
+    for value in [&body[..], RESPONSE.as_bytes()] {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await;
+        if let Err(err) = set {
+            eprintln!("redis set: {err}");
+            return failed();
+        }
+    }
     created()
 }
 
@@ -305,12 +344,34 @@ async fn pay_pg_tx(
     }
 }
 
-fn router(mode: Mode, pg: Option<&PostgresStore>) -> Result<Router, String> {
+fn router(
+    mode: Mode,
+    pg: Option<&PostgresStore>,
+    redis: Option<&RedisStore>,
+) -> Result<Router, String> {
     let need = || {
         pg.cloned()
             .ok_or_else(|| "PostgreSQL not connected".to_owned())
     };
     Ok(match mode {
+        Mode::Redis => {
+            let store = redis
+                .cloned()
+                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let layer = IdempotencyLayer::builder(store)
+                .expiry(Duration::from_secs(60))
+                .build()
+                .map_err(|e| e.to_string())?;
+            Router::new().route("/pay", post(pay_plain)).layer(layer)
+        }
+        Mode::RedisFloor => {
+            let store = redis
+                .cloned()
+                .ok_or_else(|| "Redis not connected".to_owned())?;
+            Router::new()
+                .route("/pay", post(pay_redis_floor))
+                .with_state(store.connection())
+        }
         Mode::None => Router::new().route("/pay", post(pay_plain)),
         Mode::NoneSpawn => Router::new().route("/pay", post(pay_spawn)),
         Mode::Memory => Router::new()
@@ -598,6 +659,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
+    let redis = if args.modes.contains(&Mode::Redis) || args.modes.contains(&Mode::RedisFloor) {
+        let url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let store = server_rt
+            .block_on(RedisStore::connect_volatile(&url))
+            .map_err(|e| format!("Redis is not reachable at REDIS_URL={url}: {e}"))?
+            .with_prefix("loadgen")
+            .map_err(|e| e.to_string())?;
+        Some(store)
+    } else {
+        None
+    };
 
     println!(
         "loadgen: modes {}, clients {:?}, {} s measured after {} s warm-up, {} rounds, \
@@ -637,7 +710,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if let Some(store) = &pg {
                     server_rt.block_on(truncate(store))?;
                 }
-                let app = router(mode, pg.as_ref())?;
+                let app = router(mode, pg.as_ref(), redis.as_ref())?;
                 let sample = measure(&server_rt, &client_rt, app, clients, &args)?;
                 this_round.push((mode, clients, sample));
             }
