@@ -169,7 +169,9 @@ fn an_unreachable_redis_is_named_at_once() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.trim().starts_with(&format!("payments_server: cannot reach Redis at {url}: ")),
+        stderr
+            .trim()
+            .starts_with(&format!("payments_server: cannot reach Redis at {url}: ")),
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
