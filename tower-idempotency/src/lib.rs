@@ -169,8 +169,8 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 /// The README's examples compile as doctests, as a reader pastes them (the
-/// PostgreSQL ones need the `postgres` feature).
-#[cfg(all(doctest, feature = "postgres"))]
+/// PostgreSQL and Redis ones need the `postgres` and `redis` features).
+#[cfg(all(doctest, feature = "postgres", feature = "redis"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
