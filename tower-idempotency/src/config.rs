@@ -11,6 +11,7 @@ use std::time::Duration;
 use http::{header, HeaderName, Method, StatusCode};
 
 use crate::context::IDEMPOTENCY_KEY;
+use crate::memory::MemoryStore;
 use crate::scope::ScopeRule;
 use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 
@@ -47,6 +48,21 @@ pub(crate) struct Config {
     /// in one transaction.
     #[cfg(feature = "postgres")]
     pub(crate) transactional: Option<crate::PostgresStore>,
+    /// The layer's store when it is a [`MemoryStore`] (the same one, shared):
+    /// claimed and completed by direct calls, without the store trait's two
+    /// boxed futures per request (see [`Config::memory_of`]).
+    pub(crate) memory: Option<Direct>,
+}
+
+/// A [`MemoryStore`] the layer calls directly; printed as its name only
+/// (the layer's `Debug` would otherwise print every record).
+#[derive(Clone)]
+pub(crate) struct Direct(pub(crate) MemoryStore);
+
+impl fmt::Debug for Direct {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MemoryStore")
+    }
 }
 
 impl Config {
@@ -104,7 +120,21 @@ impl Default for Config {
             request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
             #[cfg(feature = "postgres")]
             transactional: None,
+            memory: None,
         }
+    }
+}
+
+impl Config {
+    /// `store`, if it is a [`MemoryStore`]: one whose calls answer without
+    /// waiting, which the layer then makes directly. Only a store passed by
+    /// its type is recognized (`IdempotencyLayer::new`, `builder`); one
+    /// behind an `Arc<dyn IdempotencyStore>`, or wrapped, goes through the
+    /// trait as before.
+    pub(crate) fn memory_of<T: IdempotencyStore>(store: &T) -> Option<Direct> {
+        (store as &dyn std::any::Any)
+            .downcast_ref::<MemoryStore>()
+            .map(|memory| Direct(memory.clone()))
     }
 }
 

@@ -40,7 +40,7 @@ use crate::store::IdempotencyStore;
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     store: Arc<dyn IdempotencyStore>,
-    config: Arc<Config>,
+    pub(crate) config: Arc<Config>,
     keeper: Arc<LeaseKeeper>,
 }
 
@@ -55,7 +55,11 @@ impl fmt::Debug for IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer with the default settings, using `store`.
     pub fn new(store: impl IdempotencyStore) -> Self {
-        Self::from_arc(Arc::new(store))
+        let config = Config {
+            memory: Config::memory_of(&store),
+            ..Config::default()
+        };
+        Self::from_parts(Arc::new(store), Arc::new(config))
     }
 
     /// A layer with the default settings, using an already shared store.
@@ -65,7 +69,10 @@ impl IdempotencyLayer {
 
     /// A builder for a layer with other settings, using `store`.
     pub fn builder(store: impl IdempotencyStore) -> IdempotencyLayerBuilder {
-        IdempotencyLayerBuilder::new(Arc::new(store))
+        let memory = Config::memory_of(&store);
+        let mut builder = IdempotencyLayerBuilder::new(Arc::new(store));
+        builder.config.memory = memory;
+        builder
     }
 
     /// A builder for a layer with other settings, using a shared store.

@@ -4,7 +4,7 @@
 //! records. Knows nothing of the store's bounds or of the store trait's
 //! calls; uses only the store's value types.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -78,10 +78,22 @@ pub(super) struct ScopeRecords {
     scope: Arc<str>,
     /// Its records, in progress or completed.
     pub(super) count: usize,
-    /// Its completed records (hash and identity), oldest completion first
-    /// (entries may be stale: checked against the record's `seq` before
-    /// use).
-    pub(super) completed: BTreeMap<u64, (u64, MapKey)>,
+    /// Its completed records (`seq`, hash and identity), oldest completion
+    /// first (entries may be stale: checked against the record's `seq`
+    /// before use). A queue, not a sorted map: completions are numbered
+    /// in the order they happen, under the store's lock, so each is pushed
+    /// at the back and the order holds (`ScopeRecords::push_completed`).
+    pub(super) completed: VecDeque<(u64, u64, MapKey)>,
+}
+
+impl ScopeRecords {
+    /// Notes that its record `(hash, id)` completed with `seq`, the
+    /// store's next number: greater than every `seq` queued before, so the
+    /// queue stays oldest first.
+    pub(super) fn push_completed(&mut self, seq: u64, hash: u64, id: MapKey) {
+        debug_assert!(self.completed.back().is_none_or(|&(last, ..)| last < seq));
+        self.completed.push_back((seq, hash, id));
+    }
 }
 
 #[derive(Debug, Default)]
@@ -143,7 +155,7 @@ impl Inner {
             live
         });
         scopes.retain(|_, s| {
-            s.completed.retain(|seq, (hash, id)| {
+            s.completed.retain(|(seq, hash, id)| {
                 matches!(
                     records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
                     Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
@@ -185,7 +197,7 @@ impl Inner {
                     ScopeRecords {
                         scope: shared.clone(),
                         count: 1,
-                        completed: BTreeMap::new(),
+                        completed: VecDeque::new(),
                     },
                 );
                 shared
@@ -226,10 +238,10 @@ impl Inner {
     /// none. Only completed records: an in-progress one is never evicted.
     pub(super) fn evict_oldest_completed(&mut self, scope: &str) -> bool {
         loop {
-            let Some((seq, (hash, id))) = self
+            let Some((seq, hash, id)) = self
                 .scopes
                 .get_mut(scope)
-                .and_then(|s| s.completed.pop_first())
+                .and_then(|s| s.completed.pop_front())
             else {
                 return false;
             };

@@ -212,7 +212,7 @@ impl MemoryStore {
         };
         inner.next_seq += 1;
         if let Some(s) = inner.scopes.get_mut(&*owner) {
-            s.completed.insert(seq, (hash, id));
+            s.push_completed(seq, hash, id);
         }
         true
     }

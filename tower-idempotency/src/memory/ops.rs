@@ -12,9 +12,11 @@ use crate::store::{
 use super::map::{later, outcome_of, Record, State};
 use super::MemoryStore;
 
-#[async_trait]
-impl IdempotencyStore for MemoryStore {
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+impl MemoryStore {
+    /// [`IdempotencyStore::claim`], answered at once: what the trait's
+    /// call does, without its boxed future (the layer calls this directly
+    /// for a `MemoryStore` it was given by type).
+    pub(crate) fn claim_now(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         let now = self.clock.now();
         let mut inner = self.lock();
@@ -79,6 +81,25 @@ impl IdempotencyStore for MemoryStore {
         Ok(outcome_of(record, req.fingerprint))
     }
 
+    /// [`IdempotencyStore::complete_owned`], answered at once (see
+    /// [`MemoryStore::claim_now`]).
+    pub(crate) fn complete_now(
+        &self,
+        scope: &str,
+        key: &str,
+        lease: LeaseToken,
+        response: StoredResponse,
+    ) -> bool {
+        self.keep_response(scope, key, lease, || response)
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for MemoryStore {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.claim_now(req)
+    }
+
     async fn lookup(
         &self,
         scope: &str,
@@ -114,7 +135,7 @@ impl IdempotencyStore for MemoryStore {
         lease: LeaseToken,
         response: StoredResponse,
     ) -> Result<bool, StoreError> {
-        Ok(self.keep_response(scope, key, lease, || response))
+        Ok(self.complete_now(scope, key, lease, response))
     }
 
     async fn extend_lease(

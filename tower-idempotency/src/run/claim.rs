@@ -111,10 +111,18 @@ impl Claim {
     /// `Err` if the store failed.
     async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
         let kept = &self.kept;
-        // Through the `dyn` (see `run::process`).
-        let stored = (*self.store)
-            .complete_owned(&kept.scope, &kept.key, kept.lease, response)
-            .await;
+        let stored = match &self.config.memory {
+            // Directly, as the claim (see `run::process`).
+            Some(memory) => Ok(memory
+                .0
+                .complete_now(&kept.scope, &kept.key, kept.lease, response)),
+            // Through the `dyn` (see `run::process`).
+            None => {
+                (*self.store)
+                    .complete_owned(&kept.scope, &kept.key, kept.lease, response)
+                    .await
+            }
+        };
         self.completed(stored, 1)
     }
 

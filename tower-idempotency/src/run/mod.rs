@@ -75,11 +75,15 @@ where
         // Before the claim leaves: the store's lock time is no earlier, so
         // the lease is ours for a lock timeout from here.
         let claimed_at = tokio::time::Instant::now();
-        // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for `Arc`
-        // would box a second future around the store's own.
-        let claimed = (*store)
-            .claim(config.claim(&scope, &key, fingerprint))
-            .await;
+        let request = config.claim(&scope, &key, fingerprint);
+        let claimed = match &config.memory {
+            // A `MemoryStore` answers at once: called directly, without the
+            // trait's boxed future.
+            Some(memory) => memory.0.claim_now(request),
+            // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for
+            // `Arc` would box a second future around the store's own.
+            None => (*store).claim(request).await,
+        };
         let (lease, epoch) = match answer_without_running(claimed, &config) {
             Ok(claimed) => claimed,
             Err(answer) => return Ok(answer),
@@ -239,6 +243,59 @@ mod tests {
 
     use super::*;
     use crate::{IdempotencyLayer, MemoryStore};
+
+    /// A `MemoryStore` given by type is claimed and completed directly
+    /// (no boxed future of the store trait's), in the very store the layer
+    /// was given: the key's record is there, and the retry is a replay.
+    /// One behind an `Arc<dyn _>` goes through the trait.
+    #[tokio::test]
+    async fn a_memory_store_is_called_directly_and_keeps_the_response() {
+        let store = MemoryStore::new();
+        let layer = IdempotencyLayer::new(store.clone());
+        assert!(
+            layer.config.memory.is_some(),
+            "no direct path for MemoryStore"
+        );
+        let built = IdempotencyLayer::builder(store.clone()).build().unwrap();
+        assert!(
+            built.config.memory.is_some(),
+            "builder lost the direct path"
+        );
+        let shared: Arc<dyn IdempotencyStore> = Arc::new(MemoryStore::new());
+        assert!(IdempotencyLayer::from_arc(shared).config.memory.is_none());
+
+        let router = axum::Router::new().route(
+            "/pay",
+            axum::routing::post(|| async { (http::StatusCode::CREATED, "paid") }),
+        );
+        let mut service = layer.layer(router);
+        for attempt in 0..2 {
+            let request = Request::post("/pay")
+                .header("idempotency-key", "k")
+                .body(Body::from("{}"))
+                .unwrap();
+            let response = ServiceExt::<Request<Body>>::ready(&mut service)
+                .await
+                .unwrap()
+                .call(request)
+                .await
+                .unwrap();
+            assert_eq!(response.status(), http::StatusCode::CREATED);
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            assert_eq!(replayed, attempt == 1, "attempt {attempt}");
+        }
+        assert_eq!(store.len(), 1);
+        let anonymous = IdempotencyLayer::new(MemoryStore::new())
+            .stored_scope(&Request::post("/pay").body(()).unwrap().into_parts().0);
+        let found = (&store as &dyn IdempotencyStore)
+            .lookup(&anonymous, "k", crate::store::Fingerprint([0; 32]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(found, Some(crate::store::ClaimOutcome::Completed { .. })),
+            "{found:?}"
+        );
+    }
 
     /// Every keyed request allocates its future twice: the layer's response
     /// future, and the rest of the request in a box of its own (which a
