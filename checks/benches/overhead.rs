@@ -11,6 +11,10 @@
 //! - `ClientWithMiddleware` with no middleware sending, by hand, what the
 //!   contract asks of a first attempt (a fresh key on the POST, a 30 s
 //!   timeout, the time left in `Request-Timeout-Ms`): the contract's floor,
+//! - a middleware doing only what any retry layer keeping the contract
+//!   must on a success (the contract's first attempt, a copy of the
+//!   request kept for a retry, a report in the response;
+//!   `support/floor.rs`): a retry layer's floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
 //! - the same without a deadline: what the default deadline's timer costs,
 //!
@@ -36,6 +40,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
+
+#[path = "support/floor.rs"]
+mod floor;
 
 #[derive(Clone)]
 enum Variant {
@@ -140,6 +147,10 @@ fn variants() -> Vec<(&'static str, Variant)> {
         (
             "contract by hand: empty stack + fresh key (POST) + timeout + Request-Timeout-Ms",
             Variant::Contract(ClientBuilder::new(client()).build()),
+        ),
+        (
+            "retry floor: a middleware sending the contract + a request copy kept + a report",
+            Variant::Middleware(ClientBuilder::new(client()).with(floor::RetryFloor).build()),
         ),
         (
             "RetryMiddleware (reqwest-safe-retry, defaults)",
