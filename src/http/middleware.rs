@@ -252,6 +252,16 @@ impl RetryMiddleware {
     }
 }
 
+/// The longest URL (up to its path) a thread remembers, in bytes.
+const REMEMBERED_URL: usize = 512;
+
+thread_local! {
+    /// The URL (up to its path) this thread asked [`of_url`] about last,
+    /// with its partition and route.
+    static LAST: RefCell<(String, Partition, Route)> =
+        const { RefCell::new((String::new(), Partition::SINGLE, Route::WHOLE)) };
+}
+
 /// The partition ([`Partition::of_url`]) and the route ([`Route::of_url`])
 /// of `url`, remembered for the URL this thread asked about last: a client
 /// calls the same endpoint again and again, and the two digests cost more
@@ -263,15 +273,15 @@ impl RetryMiddleware {
 /// so the same text gives the same pair; a query or a fragment changes
 /// neither and is left out of the comparison.
 fn of_url(url: &reqwest::Url) -> (Partition, Route) {
-    thread_local! {
-        static LAST: RefCell<(String, Partition, Route)> =
-            const { RefCell::new((String::new(), Partition::SINGLE, Route::WHOLE)) };
-    }
     let text = url.as_str();
     // The serialization ends `?query#fragment`, each part when present.
     let tail = url.fragment().map_or(0, |f| f.len() + 1) + url.query().map_or(0, |q| q.len() + 1);
     let key = text.get(..text.len().saturating_sub(tail)).unwrap_or(text);
     let compute = || (Partition::of_url(url), Route::of_url(url));
+    if key.len() > REMEMBERED_URL {
+        // Not kept: a thread holds at most this much for the last URL.
+        return compute();
+    }
     // Neither a thread being torn down nor a borrow already taken (nothing
     // here calls back in) can make this fail; if one did, the digests are
     // made afresh.
@@ -312,6 +322,7 @@ mod tests {
     /// pair, and a query or a fragment does not change it.
     #[test]
     fn the_remembered_digests_are_the_digests_of_the_url_asked() {
+        let long = "a".repeat(600);
         let urls = [
             "https://api.example.com/items/17",
             "https://api.example.com/items/17?page=2",
@@ -327,6 +338,9 @@ mod tests {
             "http://127.0.0.1:9/x",
             "http://[::1]:9/x",
             "https://api.example.com/orders/17",
+            // Longer than a thread remembers: made afresh each time.
+            &format!("https://api.example.com/{long}/1"),
+            &format!("https://api.example.com/{long}/2"),
         ];
         let urls: Vec<reqwest::Url> = urls.iter().map(|u| u.parse().unwrap()).collect();
         for _ in 0..2 {
@@ -339,6 +353,17 @@ mod tests {
                 }
             }
         }
+        // A thread keeps at most about REMEMBERED_URL bytes, however long
+        // the URLs it asked about (a String grows at most twofold).
+        let huge: reqwest::Url = format!("https://api.example.com/{}", "b".repeat(5000))
+            .parse()
+            .unwrap();
+        assert_eq!(
+            of_url(&huge),
+            (Partition::of_url(&huge), Route::of_url(&huge))
+        );
+        let kept = LAST.with(|last| last.borrow().0.capacity());
+        assert!(kept <= 2 * REMEMBERED_URL, "{kept}");
         // The pairs above are not all one: the test can tell them apart.
         let distinct: std::collections::HashSet<_> = urls.iter().map(of_url).collect();
         assert!(distinct.len() >= 9, "{}", distinct.len());
