@@ -29,9 +29,14 @@
 //! `contract-own-timer` (the same with the deadline kept by a timer of its
 //! own, raced against the send and moved into the response body, instead
 //! of reqwest's per-request timeout: what issue 19's first step would cost)
-//! join the chains. Each run prints the allocations it
+//! and `retry-floor` (a middleware doing only what any retry layer keeping
+//! the contract must on a success: the contract's first attempt, a copy of
+//! the request kept for a retry and a report in the response,
+//! `support/floor.rs`) join the chains. Each run prints the allocations it
 //! made; per call is the same difference as for instructions.
 
+#[path = "support/floor.rs"]
+mod floor;
 mod support;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
@@ -112,7 +117,7 @@ fn usage() {
         "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|\
          safe-retry-no-deadline-header|safe-retry-replicas|keygen> \
          <get|post> <calls>\n       instructions http \
-         <bare|floor|contract|contract-own-timer|empty|reqwest-retry|safe-retry|\
+         <bare|floor|contract|contract-own-timer|retry-floor|empty|reqwest-retry|safe-retry|\
          safe-retry-no-deadline|safe-retry-no-deadline-header|safe-retry-replicas> \
          <get|post> <calls>"
     );
@@ -228,6 +233,11 @@ fn http(name: &str, post: bool, calls: u64) {
             "contract" | "contract-own-timer" => {
                 Some(chain("empty", false).expect("the empty chain"))
             }
+            "retry-floor" => Some(
+                ClientBuilder::new(reqwest::Client::new())
+                    .with(floor::RetryFloor)
+                    .build(),
+            ),
             other => Some(chain(other, false).expect("a known chain")),
         };
         for _ in 0..calls {

@@ -11,11 +11,16 @@
 //! - `ClientWithMiddleware` with no middleware sending, by hand, what the
 //!   contract asks of a first attempt (a fresh key on the POST, a 30 s
 //!   timeout, the time left in `Request-Timeout-Ms`): the contract's floor,
+//! - a middleware doing only what any retry layer keeping the contract
+//!   must on a success (the contract's first attempt, a copy of the
+//!   request kept for a retry, a report in the response;
+//!   `support/floor.rs`): a retry layer's floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
 //! - the same without a deadline: what the default deadline's timer costs,
 //!
 //! sequentially and with some concurrency, in one run. Each variant's
-//! throughput is shown as a ratio to the bare client and to reqwest-retry. Variants are
+//! throughput is shown as a ratio to the bare client, to reqwest-retry and
+//! to the contract written by hand (`/contract`, issue 33's line). Variants are
 //! interleaved (the order rotates every round) and each round's numbers are
 //! divided by the bare client's in the same round, so drift of the machine
 //! cancels out; the table shows medians over the rounds.
@@ -35,6 +40,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
+
+#[path = "support/floor.rs"]
+mod floor;
 
 #[derive(Clone)]
 enum Variant {
@@ -112,6 +120,9 @@ fn client() -> reqwest::Client {
 /// Index of reqwest-retry in [`variants`], the second baseline.
 const REQWEST_RETRY: usize = 2;
 
+/// Index of the contract written by hand in [`variants`], the third.
+const CONTRACT: usize = 4;
+
 fn variants() -> Vec<(&'static str, Variant)> {
     vec![
         ("bare reqwest::Client", Variant::Bare(client())),
@@ -136,6 +147,10 @@ fn variants() -> Vec<(&'static str, Variant)> {
         (
             "contract by hand: empty stack + fresh key (POST) + timeout + Request-Timeout-Ms",
             Variant::Contract(ClientBuilder::new(client()).build()),
+        ),
+        (
+            "retry floor: a middleware sending the contract + a request copy kept + a report",
+            Variant::Middleware(ClientBuilder::new(client()).with(floor::RetryFloor).build()),
         ),
         (
             "RetryMiddleware (reqwest-safe-retry, defaults)",
@@ -251,6 +266,13 @@ fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The smallest and the largest value, if any.
+fn range(v: &[f64]) -> Option<(f64, f64)> {
+    let lo = v.iter().copied().min_by(f64::total_cmp)?;
+    let hi = v.iter().copied().max_by(f64::total_cmp)?;
+    Some((lo, hi))
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; nothing else to parse.
     let rounds = env_or("OVERHEAD_ROUNDS", 15).max(1);
@@ -306,6 +328,7 @@ fn main() {
         let mut rps = vec![[const { Vec::new() }; 4]; k];
         let mut rps_ratio = vec![[const { Vec::new() }; 4]; k];
         let mut rr_ratio = vec![[const { Vec::new() }; 4]; k];
+        let mut contract_ratio = vec![[const { Vec::new() }; 4]; k];
         let mut cpu = vec![[const { Vec::new() }; 4]; k];
         let mut cpu_ratio = vec![[const { Vec::new() }; 4]; k];
         let mut failed = vec![0usize; k];
@@ -333,6 +356,9 @@ fn main() {
                     failed[i] += m[i][mode].failed;
                     rps_ratio[i][mode].push(m[i][mode].rps / m[0][mode].rps);
                     rr_ratio[i][mode].push(m[i][mode].rps / m[REQWEST_RETRY][mode].rps);
+                    if let Some(c) = m.get(CONTRACT) {
+                        contract_ratio[i][mode].push(m[i][mode].rps / c[mode].rps);
+                    }
                     if let (Some(a), Some(b)) = (m[i][mode].cpu_us, m[0][mode].cpu_us) {
                         cpu[i][mode].push(a);
                         cpu_ratio[i][mode].push(a / b);
@@ -344,17 +370,18 @@ fn main() {
         println!(
             "\nSuccess path, {rounds} rounds × {n} requests per variant, method and mode \
              (sequential; {concurrency} concurrent), medians over rounds. Ratios are \
-             per-round paired ratios (same round) to the bare client (/bare) and to \
-             reqwest-retry (/rr), then the median. CPU is the whole process (client and \
+             per-round paired ratios (same round) to the bare client (/bare), to \
+             reqwest-retry (/rr) and to the contract written by hand (/contract), then \
+             the median, with the range over rounds in brackets for /contract. CPU is the whole process (client and \
              server threads) per request. Failed counts both methods and modes.\n"
         );
         for (method, name) in [(0, "GET"), (1, "POST (keyed by RetryMiddleware)")] {
             println!("\n{name}\n");
             println!(
-                "| client | seq req/s | /bare | /rr | seq CPU µs/req | /bare | \
-                 {concurrency}× req/s | /bare | /rr | {concurrency}× CPU µs/req | /bare |"
+                "| client | seq req/s | /bare | /rr | /contract | seq CPU µs/req | /bare | \
+                 {concurrency}× req/s | /bare | /rr | /contract | {concurrency}× CPU µs/req | /bare |"
             );
-            println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+            println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
             for (i, (label, _)) in variants.iter().enumerate() {
                 let mut line = format!("| {label} |");
                 for mode in [2 * method, 2 * method + 1] {
@@ -367,8 +394,15 @@ fn main() {
                             median(&mut cpu_ratio[i][mode])
                         )
                     };
+                    let contract_cell = match range(&contract_ratio[i][mode]) {
+                        Some((lo, hi)) => format!(
+                            " {:.3} [{lo:.3}–{hi:.3}] |",
+                            median(&mut contract_ratio[i][mode])
+                        ),
+                        None => " n/a |".to_owned(),
+                    };
                     line.push_str(&format!(
-                        " {:.0} | {:.3} | {:.3} |{cpu_cell}",
+                        " {:.0} | {:.3} | {:.3} |{contract_cell}{cpu_cell}",
                         median(&mut rps[i][mode]),
                         median(&mut rps_ratio[i][mode]),
                         median(&mut rr_ratio[i][mode]),

@@ -4,13 +4,15 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest_safe_retry::{
     retry, AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Clock,
     GrantSource, Jitter, ManualClock, NoAdmission, Outcome, Partition, RetryAdmission, RetryKind,
-    RetryPolicy, RetryReport, RetryRequest, StopReason, TokenBucket, TokenBucketConfig,
+    RetryMiddleware, RetryPolicy, RetryReport, RetryRequest, StopReason, TokenBucket,
+    TokenBucketConfig,
 };
 use support::{client, ms, policy};
 
@@ -452,6 +454,75 @@ async fn a_retry_waits_for_admission_and_the_report_says_how_long() {
     assert_eq!(report.elapsed(), ms(250));
     let m = p.metrics().snapshot();
     assert_eq!((m.waits, m.probes, m.admissions), (1, 1, 1));
+}
+
+/// A host's end that answers 200, or 503 while its switch is on, with no
+/// socket.
+#[derive(Clone, Default)]
+struct Switch(Arc<AtomicBool>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Switch {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut http::Extensions,
+        _: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let status = if self.0.load(Ordering::Relaxed) {
+            503
+        } else {
+            200
+        };
+        let answer = http::Response::builder().status(status).body("").unwrap();
+        Ok(reqwest::Response::from(answer))
+    }
+}
+
+/// Every first attempt through the middleware deposits into its host's
+/// bucket, one that succeeds too: the success path takes the admission's
+/// lock for it, and a success path that skipped it would leave the bucket
+/// as the outage left it. After an outage has run the bucket dry, twenty
+/// calls that succeed fund the two retries of the next call that fails,
+/// which then waits for nothing.
+#[tokio::test]
+async fn calls_that_succeed_fund_their_hosts_retries() {
+    let clock = ManualClock::new();
+    let admission = Arc::new(small(10.0));
+    let p = policy(&clock)
+        .max_attempts(3)
+        .shared_admission(admission.clone())
+        .build()
+        .unwrap();
+    let server = Switch::default();
+    let c = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(p))
+        .with(server.clone())
+        .build();
+    let url = "http://a.example/items/17";
+    let host = Partition::of_url(&url.parse().unwrap());
+    for _ in 0..10 {
+        let token = admission.admit(host, RETRY, clock.now());
+        assert_eq!(source(token), Some(GrantSource::Token));
+    }
+    assert_eq!(admission.tokens(host), 0.0);
+    for _ in 0..20 {
+        let r = c.get(url).send().await.unwrap();
+        assert_eq!(report(&r).stop_reason(), StopReason::Success);
+    }
+    let tokens = admission.tokens(host);
+    assert!((tokens - 2.0).abs() < 1e-9, "{tokens}");
+    server.0.store(true, Ordering::Relaxed);
+    let r = c.get(url).send().await.unwrap();
+    let rep = report(&r);
+    assert_eq!(
+        (rep.attempts(), rep.stop_reason()),
+        (3, StopReason::AttemptsExhausted)
+    );
+    assert_eq!(rep.admission_wait(), Duration::ZERO);
+    // Its own first attempt deposited too: 2 + 0.1 − 2 retries.
+    let tokens = admission.tokens(host);
+    assert!((tokens - 0.1).abs() < 1e-9, "{tokens}");
 }
 
 #[tokio::test]

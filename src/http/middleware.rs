@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use http::{Extensions, HeaderValue};
@@ -115,10 +116,10 @@ impl Middleware for RetryMiddleware {
         } else {
             tracing::Span::none()
         };
-        // Admission is per host unless the request names its partition.
-        let partition = options
-            .and_then(|o| o.partition)
-            .unwrap_or_else(|| Partition::of_url(request.url()));
+        // Admission is per host unless the request names its partition;
+        // pacing is per route.
+        let (host, route) = of_url(request.url());
+        let partition = options.and_then(|o| o.partition).unwrap_or(host);
         if let Some(breaker) = &policy.breaker {
             if !breaker.allow(partition, policy.clock.now()) {
                 // Refused locally and at once: no attempt, no retry; a
@@ -151,7 +152,6 @@ impl Middleware for RetryMiddleware {
                 .hedger
                 .first_attempt(config, partition, policy.clock.now());
         }
-        let route = Route::of_url(request.url());
         let watch = attempt::watch_of(policy, &request);
         let mut run = Run::start(policy, limits, partition, Some(request.url()));
         run.route = route;
@@ -252,6 +252,55 @@ impl RetryMiddleware {
     }
 }
 
+/// The longest URL (up to its path) a thread remembers, in bytes.
+const REMEMBERED_URL: usize = 512;
+
+thread_local! {
+    /// The URL (up to its path) this thread asked [`of_url`] about last,
+    /// with its partition and route.
+    static LAST: RefCell<(String, Partition, Route)> =
+        const { RefCell::new((String::new(), Partition::SINGLE, Route::WHOLE)) };
+}
+
+/// The partition ([`Partition::of_url`]) and the route ([`Route::of_url`])
+/// of `url`, remembered for the URL this thread asked about last: a client
+/// calls the same endpoint again and again, and the two digests cost more
+/// than comparing the URL with the last one (a keyed SipHash of the
+/// authority, a walk over the path's segments).
+///
+/// The URL up to its path (scheme, user, host, port and path, as `Url`
+/// serializes them, which is canonical) is all that either digest reads,
+/// so the same text gives the same pair; a query or a fragment changes
+/// neither and is left out of the comparison.
+fn of_url(url: &reqwest::Url) -> (Partition, Route) {
+    let text = url.as_str();
+    // The serialization ends `?query#fragment`, each part when present.
+    let tail = url.fragment().map_or(0, |f| f.len() + 1) + url.query().map_or(0, |q| q.len() + 1);
+    let key = text.get(..text.len().saturating_sub(tail)).unwrap_or(text);
+    let compute = || (Partition::of_url(url), Route::of_url(url));
+    if key.len() > REMEMBERED_URL {
+        // Not kept: a thread holds at most this much for the last URL.
+        return compute();
+    }
+    // Neither a thread being torn down nor a borrow already taken (nothing
+    // here calls back in) can make this fail; if one did, the digests are
+    // made afresh.
+    LAST.try_with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return compute();
+        };
+        if last.0 != key {
+            let (partition, route) = compute();
+            last.0.clear();
+            last.0.push_str(key);
+            last.1 = partition;
+            last.2 = route;
+        }
+        (last.1, last.2)
+    })
+    .unwrap_or_else(|_| compute())
+}
+
 /// The error for a request refused before anything was sent.
 fn refused(
     report: RetryReport,
@@ -261,4 +310,62 @@ fn refused(
         report,
         reqwest_middleware::Error::middleware(error),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each URL, asked in turn and again, gets what the digests give it:
+    /// URLs that differ only in what one digest reads (the scheme, the
+    /// port, a user, a trailing dot, the path) never share the remembered
+    /// pair, and a query or a fragment does not change it.
+    #[test]
+    fn the_remembered_digests_are_the_digests_of_the_url_asked() {
+        let long = "a".repeat(600);
+        let urls = [
+            "https://api.example.com/items/17",
+            "https://api.example.com/items/17?page=2",
+            "https://api.example.com/items/17#top",
+            "https://api.example.com/items/18",
+            "https://api.example.com/items",
+            "https://api.example.com/items/",
+            "https://api.example.com:8443/items/17",
+            "http://api.example.com/items/17",
+            "https://api.example.com./items/17",
+            "https://user@api.example.com/items/17",
+            "https://other.example.com/items/17",
+            "http://127.0.0.1:9/x",
+            "http://[::1]:9/x",
+            "https://api.example.com/orders/17",
+            // Longer than a thread remembers: made afresh each time.
+            &format!("https://api.example.com/{long}/1"),
+            &format!("https://api.example.com/{long}/2"),
+        ];
+        let urls: Vec<reqwest::Url> = urls.iter().map(|u| u.parse().unwrap()).collect();
+        for _ in 0..2 {
+            for (i, a) in urls.iter().enumerate() {
+                for b in &urls[i..] {
+                    for url in [a, a, b, a] {
+                        let expected = (Partition::of_url(url), Route::of_url(url));
+                        assert_eq!(of_url(url), expected, "{url}");
+                    }
+                }
+            }
+        }
+        // A thread keeps at most about REMEMBERED_URL bytes, however long
+        // the URLs it asked about (a String grows at most twofold).
+        let huge: reqwest::Url = format!("https://api.example.com/{}", "b".repeat(5000))
+            .parse()
+            .unwrap();
+        assert_eq!(
+            of_url(&huge),
+            (Partition::of_url(&huge), Route::of_url(&huge))
+        );
+        let kept = LAST.with(|last| last.borrow().0.capacity());
+        assert!(kept <= 2 * REMEMBERED_URL, "{kept}");
+        // The pairs above are not all one: the test can tell them apart.
+        let distinct: std::collections::HashSet<_> = urls.iter().map(of_url).collect();
+        assert!(distinct.len() >= 9, "{}", distinct.len());
+    }
 }
