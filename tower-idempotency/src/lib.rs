@@ -158,6 +158,10 @@
 //! instance, tests). `PostgresStore` (feature `postgres`, off by default)
 //! shares them between instances, uses the database's clock for every
 //! timestamp, and can complete a key inside the handler's own transaction.
+//! `RedisStore` (feature `redis`, off by default) shares them through
+//! Redis, one Lua script per operation on the server's clock; what Redis
+//! loses runs again, so by default it refuses a server without the
+//! append-only file or with an eviction policy.
 //!
 //! # Errors
 //!
