@@ -68,10 +68,13 @@
 //! the layer extends the claim's lease from tasks of its own (a heartbeat
 //! every third of the lock timeout), so a live handler is never taken over,
 //! however slow. On a multi-thread runtime the extensions run on the other
-//! workers while a handler blocks its thread; but tokio cannot steal a task
-//! queued behind a blocked thread, so a handler that blocks for seconds
-//! should do so in `spawn_blocking` or `block_in_place` (which hands that
-//! thread's queue over), as tokio asks of any blocking code.
+//! workers while a handler blocks its thread in `block_in_place` or
+//! `spawn_blocking`, as tokio asks of any blocking code. A handler that
+//! blocks its worker without them can stop the whole runtime's timers and
+//! sockets (a worker blocked right after driving tokio's I/O and timer
+//! driver leaves it to nobody while the other workers sleep), heartbeats
+//! included: its lease then goes stale, and [`IdempotencyContext::still_held`]
+//! says so.
 //!
 //! A key is freed only when the handler provably did no work: the
 //! request-validation statuses `400`, `415` and `422` (configurable with

@@ -1,7 +1,15 @@
 //! A handler that blocks its worker thread (a synchronous call, a long CPU
-//! loop) for longer than the lock timeout keeps its lease: the lease is
-//! extended from another worker meanwhile, so a duplicate gets 409 and the
-//! handler never runs twice.
+//! loop) for longer than the lock timeout, inside `block_in_place` as tokio
+//! asks of blocking code, keeps its lease: the lease is extended from
+//! another worker meanwhile, so a duplicate gets 409 and the handler never
+//! runs twice.
+//!
+//! Without `block_in_place` no library can promise that: a worker blocked
+//! right after it drove the runtime's I/O and timer driver leaves the
+//! driver to nobody while the other workers sleep, and every timer and
+//! socket of the runtime stops (a CI run hung here exactly so, the other
+//! worker parked on its condition variable). `block_in_place` hands the
+//! worker's duties to another thread first.
 mod support;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -26,12 +34,14 @@ async fn blocking_handler(State(state): State<Blocking>, body: Bytes) -> (Status
     let run = state.runs.fetch_add(1, Ordering::SeqCst) + 1;
     state.started.notify_one();
     // Blocks the worker thread, not just this task: nothing else can run on
-    // this worker until the test lets go.
-    let _ = state
-        .proceed
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .recv();
+    // this thread until the test lets go.
+    tokio::task::block_in_place(|| {
+        let _ = state
+            .proceed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .recv();
+    });
     (
         StatusCode::CREATED,
         format!("run {run}: {}", String::from_utf8_lossy(&body)),
