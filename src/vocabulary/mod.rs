@@ -31,6 +31,7 @@ pub(crate) use future::BoxFuture;
 pub(crate) use idempotency::{derivation_seed, SharedKey};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub(crate) use lock::lock;
+pub(crate) use partition::DigestState;
 pub use partition::Partition;
 pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use route::Route;

@@ -8,8 +8,30 @@
 //! request's scheme, host and port.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::OnceLock;
+
+/// Hashes a key that is already a digest (a partition's) as it is: the
+/// maps kept per partition need no second hash.
+pub(crate) type DigestState = BuildHasherDefault<DigestHasher>;
+
+/// See [`DigestState`].
+#[derive(Default)]
+pub(crate) struct DigestHasher(u64);
+
+impl Hasher for DigestHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
 
 /// Which partition of an admission a decision is made for: by default the
 /// request's scheme, host and port, or a key of the caller's choosing (a

@@ -8,29 +8,10 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::{lock, Partition};
-
-/// A partition is already a digest: hash it as it is.
-#[derive(Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
+use crate::vocabulary::{lock, DigestState, Partition};
 
 /// Shards of the map: a power of two.
 const SHARD_BITS: u32 = 4;
@@ -54,7 +35,7 @@ pub(crate) struct Partitions<S> {
     idle: Duration,
 }
 
-type Shard<S> = HashMap<Partition, Slot<S>, BuildHasherDefault<Identity>>;
+type Shard<S> = HashMap<Partition, Slot<S>, DigestState>;
 
 struct Slot<S> {
     state: S,

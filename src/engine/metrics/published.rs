@@ -18,12 +18,13 @@
 //! the `_other` label.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, Key, Label, Level, Metadata, Unit};
+
+use crate::vocabulary::{lock, DigestState};
 
 /// The names the `metrics` feature publishes under, their labels, and the
 /// histogram buckets to render them with.
@@ -289,32 +290,10 @@ impl Series {
     }
 }
 
-/// A host key is already a digest (a partition's): hash it as it is.
-#[derive(Default)]
-struct Identity(u64);
-
-impl Hasher for Identity {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-type Shard = HashMap<u64, Series, BuildHasherDefault<Identity>>;
+type Shard = HashMap<u64, Series, DigestState>;
 
 /// Shards of the host map (by the digest's top bits): a power of two.
 const SHARD_BITS: u32 = 4;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The series of one policy: one per host up to the bound, one for the
 /// hosts past it, one for the calls without a host.
