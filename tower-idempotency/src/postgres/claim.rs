@@ -8,16 +8,13 @@ use sqlx::{PgConnection, Postgres, Row, Transaction};
 
 use crate::context::IdempotencyContext;
 use crate::store::{
-    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoreError, StoredResponse,
+    check_ids, headers_from_json, headers_to_json, ClaimOutcome, ClaimRequest, Fingerprint,
+    LeaseToken, StoreError, StoredResponse,
 };
 
 use super::error::db_err;
 use super::sql::interval_secs;
 use super::PostgresStore;
-
-fn headers_json(headers: &[(String, String)]) -> Result<String, StoreError> {
-    serde_json::to_string(headers).map_err(|e| StoreError::with_source("encoding headers", e))
-}
 
 impl PostgresStore {
     /// Completes the key described by `ctx` inside the caller's transaction.
@@ -171,8 +168,7 @@ impl PostgresStore {
         let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
         let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
         let headers: Vec<(String, String)> = match headers {
-            Some(text) => serde_json::from_str(&text)
-                .map_err(|e| StoreError::with_source("decoding stored headers", e))?,
+            Some(text) => headers_from_json(text.as_bytes())?,
             None => Vec::new(),
         };
         let status = code
@@ -203,7 +199,7 @@ impl PostgresStore {
             .bind(key)
             .bind(lease.0.to_string())
             .bind(status)
-            .bind(headers_json(&response.headers)?)
+            .bind(headers_to_json(&response.headers)?)
             .bind(response.body.as_ref())
             .execute(conn)
             .await

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::store::{
-    check_ids, ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
-    StoredResponse,
+    check_ids, headers_from_json, headers_to_json, ClaimOutcome, ClaimRequest, Fingerprint,
+    IdempotencyStore, LeaseToken, StoreError, StoredResponse,
 };
 
 use super::{redis_err, RedisStore, SWEEP_BATCH};
@@ -83,8 +83,7 @@ fn outcome(value: Value) -> Result<Answer, StoreError> {
                 .and_then(|c| u16::try_from(c).ok())
                 .ok_or_else(|| malformed("status code"))?;
             let headers = items.get(3).and_then(bytes).unwrap_or(b"[]");
-            let headers: Vec<(String, String)> = serde_json::from_slice(headers)
-                .map_err(|e| StoreError::with_source("decoding stored headers", e))?;
+            let headers = headers_from_json(headers)?;
             let body = items.get(4).and_then(bytes).unwrap_or_default();
             Ok(Answer::Found(Some(ClaimOutcome::Completed {
                 response: StoredResponse {
@@ -152,8 +151,7 @@ impl IdempotencyStore for RedisStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let headers = serde_json::to_string(&response.headers)
-            .map_err(|e| StoreError::with_source("encoding headers", e))?;
+        let headers = headers_to_json(&response.headers)?;
         let stored: i64 = self
             .scripts
             .complete

@@ -24,6 +24,8 @@ use async_trait::async_trait;
 pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::error::StoreError;
 pub(crate) use self::values::check_ids;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) use self::values::{headers_from_json, headers_to_json};
 pub use self::values::{
     next_epoch, ClaimOutcome, ClaimRequest, Fingerprint, LeaseToken, StoredResponse,
     MAX_STORED_ID_LEN,

@@ -110,6 +110,19 @@ impl StoredResponse {
     }
 }
 
+/// A stored response's headers as the shared stores keep them: a JSON
+/// array of `[name, value]` pairs.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn headers_to_json(headers: &[(String, String)]) -> Result<String, StoreError> {
+    serde_json::to_string(headers).map_err(|e| StoreError::with_source("encoding headers", e))
+}
+
+/// The headers [`headers_to_json`] wrote.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn headers_from_json(json: &[u8]) -> Result<Vec<(String, String)>, StoreError> {
+    serde_json::from_slice(json).map_err(|e| StoreError::with_source("decoding stored headers", e))
+}
+
 /// Parameters of one claim attempt.
 #[derive(Clone, Copy, Debug)]
 pub struct ClaimRequest<'a> {
