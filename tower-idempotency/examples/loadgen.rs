@@ -21,6 +21,10 @@
 //!   the handler's write together with something else pays before the
 //!   layer adds its claim and its stored response;
 //! * `pg-two-phase`: that handler behind the layer over `PostgresStore`;
+//! * `pg-two-phase-in-tx`: the same layer; the handler inserts its row and
+//!   completes its key in one transaction of its own
+//!   (`PostgresStore::commit_completed`): two commits a request, the
+//!   claim's and the handler's, and no completion call of the layer's;
 //! * `pg-transactional`: the handler inserting its row through the request's
 //!   `IdempotencyTransaction`, behind `IdempotencyLayer::transactional`;
 //! * `redis`: the trivial handler behind `IdempotencyLayer` over
@@ -72,7 +76,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tower_idempotency::{
-    IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore, RedisStore,
+    IdempotencyContext, IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore,
+    RedisStore, StoredResponse,
     IDEMPOTENCY_KEY,
 };
 
@@ -92,6 +97,9 @@ enum Mode {
     /// Diagnostic: the insert in a transaction of the handler's own.
     PgTxNone,
     PgTwoPhase,
+    /// The two-phase layer; the handler completes its key in its own
+    /// transaction (`commit_completed`): two commits a request.
+    PgTwoPhaseInTx,
     PgTransactional,
     Redis,
     /// Baseline: two round trips to Redis, no layer.
@@ -99,13 +107,14 @@ enum Mode {
 }
 
 impl Mode {
-    const ALL: [Mode; 9] = [
+    const ALL: [Mode; 10] = [
         Mode::None,
         Mode::NoneSpawn,
         Mode::Memory,
         Mode::PgNone,
         Mode::PgTxNone,
         Mode::PgTwoPhase,
+        Mode::PgTwoPhaseInTx,
         Mode::PgTransactional,
         Mode::Redis,
         Mode::RedisFloor,
@@ -119,6 +128,7 @@ impl Mode {
             Mode::PgNone => "pg-none",
             Mode::PgTxNone => "pg-tx-none",
             Mode::PgTwoPhase => "pg-two-phase",
+            Mode::PgTwoPhaseInTx => "pg-two-phase-in-tx",
             Mode::PgTransactional => "pg-transactional",
             Mode::Redis => "redis",
             Mode::RedisFloor => "redis-floor",
@@ -130,14 +140,20 @@ impl Mode {
         match self {
             Mode::None | Mode::PgNone => None,
             Mode::Memory | Mode::NoneSpawn | Mode::Redis | Mode::RedisFloor => Some(Mode::None),
-            Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTransactional => Some(Mode::PgNone),
+            Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTwoPhaseInTx | Mode::PgTransactional => {
+                Some(Mode::PgNone)
+            }
         }
     }
 
     fn needs_pg(self) -> bool {
         matches!(
             self,
-            Mode::PgNone | Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTransactional
+            Mode::PgNone
+                | Mode::PgTxNone
+                | Mode::PgTwoPhase
+                | Mode::PgTwoPhaseInTx
+                | Mode::PgTransactional
         )
     }
 }
@@ -317,6 +333,43 @@ async fn pay_pg_own_tx(State(pool): State<PgPool>, headers: HeaderMap, body: Byt
     }
 }
 
+/// Inserts the row and completes the key in one transaction of the
+/// handler's own: the row and the stored response commit together.
+async fn pay_pg_complete_in_tx(
+    State(store): State<PostgresStore>,
+    Extension(ctx): Extension<IdempotencyContext>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer {
+    let body = String::from_utf8_lossy(&body).into_owned();
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+        body: Bytes::from_static(RESPONSE.as_bytes()),
+    };
+    let insert = async {
+        let mut tx = store.pool().begin().await?;
+        sqlx::query(&insert_sql())
+            .bind(key_of(&headers))
+            .bind(body)
+            .execute(&mut *tx)
+            .await?;
+        let completed = store.commit_completed(tx, &ctx, &response).await?;
+        Ok::<_, Box<dyn std::error::Error>>(completed)
+    };
+    match insert.await {
+        Ok(true) => created(),
+        Ok(false) => {
+            eprintln!("commit_completed: the lease was taken over");
+            failed()
+        }
+        Err(err) => {
+            eprintln!("pg insert and completion in the handler's transaction: {err}");
+            failed()
+        }
+    }
+}
+
 async fn pay_pg_tx(
     Extension(tx): Extension<IdempotencyTransaction>,
     headers: HeaderMap,
@@ -394,6 +447,13 @@ fn router(
             Router::new()
                 .route("/pay", post(pay_pg))
                 .with_state(store.pool().clone())
+                .layer(IdempotencyLayer::new(store))
+        }
+        Mode::PgTwoPhaseInTx => {
+            let store = need()?;
+            Router::new()
+                .route("/pay", post(pay_pg_complete_in_tx))
+                .with_state(store.clone())
                 .layer(IdempotencyLayer::new(store))
         }
         Mode::PgTransactional => {

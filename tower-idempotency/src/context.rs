@@ -135,6 +135,13 @@ impl IdempotencyContext {
     pub(crate) fn note_completed(&self) {
         self.kept.note_completed_in_tx();
     }
+
+    /// Notes that the handler's transaction that completed its key
+    /// committed, so that the layer stores nothing.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only `commit_completed` calls it
+    pub(crate) fn note_committed(&self) {
+        self.kept.note_committed_by_handler();
+    }
 }
 
 impl fmt::Debug for IdempotencyContext {

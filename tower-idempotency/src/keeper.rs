@@ -66,6 +66,8 @@ pub(crate) struct Kept {
     lost: AtomicBool,
     /// The handler completed the key in its own transaction.
     completed_in_tx: AtomicBool,
+    /// ... and that transaction committed: the layer has nothing to store.
+    committed_by_handler: AtomicBool,
 }
 
 /// [`Kept::held_for`] of a claim that has no lease to lose.
@@ -88,6 +90,7 @@ impl Kept {
             extending: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             completed_in_tx: AtomicBool::new(false),
+            committed_by_handler: AtomicBool::new(false),
         }
     }
 
@@ -185,6 +188,18 @@ impl Kept {
     /// See [`Kept::note_completed_in_tx`].
     pub(crate) fn completed_in_tx(&self) -> bool {
         self.completed_in_tx.load(Ordering::Acquire)
+    }
+
+    /// Notes that the handler's transaction that completed the key has
+    /// committed: the layer stores nothing and asks the store nothing.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only `commit_completed` calls it
+    pub(crate) fn note_committed_by_handler(&self) {
+        self.committed_by_handler.store(true, Ordering::Release);
+    }
+
+    /// See [`Kept::note_committed_by_handler`].
+    pub(crate) fn committed_by_handler(&self) -> bool {
+        self.committed_by_handler.load(Ordering::Acquire)
     }
 }
 

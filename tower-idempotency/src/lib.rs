@@ -98,7 +98,7 @@
 //!   that database, run in the transactional mode
 //!   (`IdempotencyLayer::transactional`: claim, writes and response in one
 //!   transaction), or in the two-phase mode completing the key in its own
-//!   transaction (`PostgresStore::complete_in_tx`, with the
+//!   transaction (`PostgresStore::commit_completed` or `complete_in_tx`, with the
 //!   [`IdempotencyContext`] found in the request extensions). The effect and
 //!   the stored response commit or roll back together, so no crash can
 //!   separate them.

@@ -97,3 +97,74 @@ async fn handler_completes_key_in_its_transaction() {
         .unwrap();
     cleanup.run().await;
 }
+
+/// Inserts the effect and completes the key in one transaction of the
+/// handler's own, committed by `commit_completed`.
+async fn create_and_commit(
+    State(state): State<AppState>,
+    Extension(ctx): Extension<IdempotencyContext>,
+    body: String,
+) -> (StatusCode, String) {
+    let mut tx = state.store.pool().begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let stored = StoredResponse::json(201, format!("{{\"stored\":\"in-tx\",\"note\":{body:?}}}"));
+    let committed = state.store.commit_completed(tx, &ctx, &stored).await;
+    assert!(committed.unwrap(), "the lease is current");
+    (StatusCode::CREATED, "from-handler".into())
+}
+
+/// A handler that commits its completion with `commit_completed` leaves
+/// the layer nothing to store: no completion of its own reaches the store
+/// (one statement and one pooled connection fewer per request); after
+/// `complete_in_tx` and a commit of the handler's own, the layer asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_committed_completion_leaves_the_layer_nothing_to_store() {
+    let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
+    let store = h.pg.clone().unwrap();
+    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let state = AppState {
+        store: store.clone(),
+        table: Arc::new(table.clone()),
+    };
+    let (layer, watched) = h.watched_layer();
+    let router = Router::new()
+        .route("/payments", post_route(create_and_commit))
+        .route("/payments/own-commit", post_route(create))
+        .with_state(state)
+        .layer(layer);
+
+    let first = send(&router, post("k", "pay")).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body, "from-handler");
+    let completes = || watched.completes.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(completes(), 0, "the layer stored the response again");
+    let replay = send(&router, post("k", "pay")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.json()["stored"], "in-tx");
+
+    let own = support::req("POST", "/payments/own-commit", Some("o"), "own", &[]);
+    assert_eq!(send(&router, own).await.status, 201);
+    assert_eq!(completes(), 1, "after a commit of the handler's own, the layer asks");
+
+    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(count, 2, "one effect per key");
+    sqlx::query(&format!("DROP TABLE {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    cleanup.run().await;
+}

@@ -69,6 +69,10 @@ impl Claim {
     /// keeps it without copying it); the retries, rare, store a copy made
     /// again. `None` if the store kept failing.
     pub(super) async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
+        if self.kept.committed_by_handler() {
+            // The handler's own transaction stored and committed it.
+            return Some(Settled::Stored);
+        }
         match self.try_complete_owned(response()).await {
             Ok(done) => Some(done),
             // A permanent error: trying again cannot help.
