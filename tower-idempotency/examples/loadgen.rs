@@ -77,8 +77,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
 use tower_idempotency::{
     IdempotencyContext, IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore,
-    RedisStore, StoredResponse,
-    IDEMPOTENCY_KEY,
+    RedisStore, StoredResponse, IDEMPOTENCY_KEY,
 };
 
 const RESPONSE: &str = r#"{"id":"pay_1","status":"paid"}"#;
@@ -212,6 +211,12 @@ struct Args {
     /// Worker threads of the client runtime (the server always has 2).
     #[arg(long, default_value_t = 2)]
     client_threads: usize,
+    /// Build the PostgreSQL pool with `test_before_acquire(false)`: no ping
+    /// (a round trip) each time a connection is taken from the pool. sqlx
+    /// pings by default, and again, in the background, each time one is
+    /// given back.
+    #[arg(long)]
+    no_test_before_acquire: bool,
 }
 
 /// One measurement.
@@ -466,7 +471,11 @@ fn router(
     })
 }
 
-async fn connect_pg(pool_size: u32, commit_delay_us: u32) -> Result<PostgresStore, String> {
+async fn connect_pg(
+    pool_size: u32,
+    commit_delay_us: u32,
+    test_before_acquire: bool,
+) -> Result<PostgresStore, String> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".to_owned());
     let mut options = PgConnectOptions::from_str(&url)
@@ -480,6 +489,7 @@ async fn connect_pg(pool_size: u32, commit_delay_us: u32) -> Result<PostgresStor
     let connect = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(Duration::from_secs(10))
+        .test_before_acquire(test_before_acquire)
         .connect_with(options);
     let pool = match tokio::time::timeout(Duration::from_secs(5), connect).await {
         Ok(Ok(pool)) => pool,
@@ -715,7 +725,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let pg = if args.modes.iter().any(|m| m.needs_pg()) {
-        Some(server_rt.block_on(connect_pg(args.pool, args.commit_delay_us))?)
+        Some(server_rt.block_on(connect_pg(
+            args.pool,
+            args.commit_delay_us,
+            !args.no_test_before_acquire,
+        ))?)
     } else {
         None
     };
@@ -751,7 +765,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 String::new()
             };
-            format!(", PostgreSQL pool {}{delay}", args.pool)
+            let ping = if args.no_test_before_acquire {
+                ", no ping before acquire"
+            } else {
+                ""
+            };
+            format!(", PostgreSQL pool {}{delay}{ping}", args.pool)
         } else {
             String::new()
         }

@@ -155,7 +155,11 @@ async fn a_committed_completion_leaves_the_layer_nothing_to_store() {
 
     let own = support::req("POST", "/payments/own-commit", Some("o"), "own", &[]);
     assert_eq!(send(&router, own).await.status, 201);
-    assert_eq!(completes(), 1, "after a commit of the handler's own, the layer asks");
+    assert_eq!(
+        completes(),
+        1,
+        "after a commit of the handler's own, the layer asks"
+    );
 
     let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
         .fetch_one(store.pool())
