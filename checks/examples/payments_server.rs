@@ -172,19 +172,18 @@ async fn create_payment(
                     amount: new.amount,
                 };
                 let body = serde_json::to_string(&payment)?;
-                // Complete the idempotency key in the payment's transaction:
-                // the payment and its replayable response commit together.
+                // Complete the idempotency key in the payment's transaction
+                // and commit: the payment and its replayable response commit
+                // together, and the layer has nothing left to store.
                 let stored = StoredResponse::json(201, body.clone());
-                if !store.complete_in_tx(&mut tx, &ctx, &stored).await? {
+                if !store.commit_completed(tx, &ctx, &stored).await? {
                     // Our claim was taken over after the lock timeout: another
-                    // attempt owns this key now, so do not commit a payment.
-                    tx.rollback().await?;
+                    // attempt owns this key now; the payment was rolled back.
                     return Ok(json_response(
                         StatusCode::CONFLICT,
                         r#"{"error":"request superseded by a retry"}"#.to_owned(),
                     ));
                 }
-                tx.commit().await?;
                 after_effect(state.after_effect).await;
                 Ok(json_response(StatusCode::CREATED, body))
             }
