@@ -68,6 +68,9 @@ pub(crate) struct Kept {
     completed_in_tx: AtomicBool,
     /// ... and that transaction committed: the layer has nothing to store.
     committed_by_handler: AtomicBool,
+    /// The key's hash in the layer's `MemoryStore`, from the claim: the
+    /// completion does not hash the key again (0 with other stores).
+    pub(crate) memory_hash: u64,
 }
 
 /// [`Kept::held_for`] of a claim that has no lease to lose.
@@ -91,6 +94,7 @@ impl Kept {
             lost: AtomicBool::new(false),
             completed_in_tx: AtomicBool::new(false),
             committed_by_handler: AtomicBool::new(false),
+            memory_hash: 0,
         }
     }
 
@@ -103,6 +107,12 @@ impl Kept {
     /// The same, with the claim's fencing `epoch`.
     pub(crate) fn with_epoch(mut self, epoch: u64) -> Self {
         self.epoch = epoch;
+        self
+    }
+
+    /// The same, with the key's hash in the layer's `MemoryStore`.
+    pub(crate) fn with_memory_hash(mut self, hash: u64) -> Self {
+        self.memory_hash = hash;
         self
     }
 

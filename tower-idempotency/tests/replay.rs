@@ -39,3 +39,25 @@ async fn replay_keeps_non_2xx_final_responses(h: Harness) {
     assert!(again.replayed());
     assert_eq!(state.runs(), 1);
 }
+
+/// A `MemoryStore` given to the layer by type is claimed and completed by
+/// direct calls, the completion finding the record by the hash the claim
+/// computed: every one of many keys is replayed, none run twice.
+#[tokio::test]
+async fn a_memory_store_given_by_type_replays_every_key() {
+    use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    let store = MemoryStore::new();
+    let (router, state) = app(IdempotencyLayer::new(store.clone()));
+    let keys: Vec<String> = (0..200).map(|i| format!("pay-{i}")).collect();
+    for key in &keys {
+        let first = send(&router, post(key, key)).await;
+        assert_eq!(first.status, 201, "{key}");
+        assert!(!first.replayed(), "{key}");
+    }
+    for key in &keys {
+        let again = send(&router, post(key, key)).await;
+        assert!(again.replayed(), "{key}: {} {:?}", again.status, again.body);
+    }
+    assert_eq!(state.runs(), keys.len());
+    assert_eq!(store.len(), keys.len());
+}

@@ -22,8 +22,9 @@ const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 type MapKey = Arc<str>;
 
 /// The keyed hash of `(scope, key)`, over the pieces themselves: a lookup
-/// copies neither into a buffer first.
-fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> u64 {
+/// copies neither into a buffer first. Every lookup of the table takes it
+/// from here, with the store's `hasher`.
+pub(super) fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> u64 {
     let mut state = hasher.build_hasher();
     state.write_usize(scope.len());
     state.write(scope.as_bytes());
@@ -98,10 +99,9 @@ impl ScopeRecords {
 
 #[derive(Debug, Default)]
 pub(super) struct Inner {
-    /// The records, found by the keyed hash of their identity.
+    /// The records, found by the keyed hash of their identity
+    /// ([`hash_of`], with the store's hasher).
     pub(super) records: HashTable<Record>,
-    /// Per store, random: keys chosen by clients cannot be made to collide.
-    hasher: RandomState,
     /// Every scope that holds a record.
     pub(super) scopes: HashMap<Arc<str>, ScopeRecords>,
     pub(super) next_seq: u64,
@@ -172,10 +172,9 @@ impl Inner {
         LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
     }
 
-    /// The hash of `(scope, key)` and its record.
-    pub(super) fn find_mut(&mut self, scope: &str, key: &str) -> (u64, Option<&mut Record>) {
-        let hash = hash_of(&self.hasher, scope, key);
-        (hash, self.records.find_mut(hash, |r| r.is(scope, key)))
+    /// The record of `(scope, key)`, whose hash is `hash`.
+    pub(super) fn find_mut(&mut self, hash: u64, scope: &str, key: &str) -> Option<&mut Record> {
+        self.records.find_mut(hash, |r| r.is(scope, key))
     }
 
     /// The identity of a new record of `(scope, key)`, and its scope
@@ -219,11 +218,11 @@ impl Inner {
     /// Removes the record of `(scope, key)` if `remove` says so.
     pub(super) fn remove_if(
         &mut self,
+        hash: u64,
         scope: &str,
         key: &str,
         remove: impl FnOnce(&Record) -> bool,
     ) -> bool {
-        let hash = hash_of(&self.hasher, scope, key);
         match self.records.find_entry(hash, |r| r.is(scope, key)) {
             Ok(entry) if remove(entry.get()) => {
                 let (record, _) = entry.remove();

@@ -9,13 +9,14 @@
 mod map;
 mod ops;
 
+use std::hash::RandomState;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use crate::store::{Clock, LeaseToken, StoreError, StoredResponse, SystemClock};
 
-use self::map::{later, Inner, State};
+use self::map::{hash_of, later, Inner, State};
 
 /// Default bound on the number of records a [`MemoryStore`] holds.
 pub const DEFAULT_MEMORY_MAX_KEYS: usize = 100_000;
@@ -64,6 +65,8 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
+    /// Per store, random: keys chosen by clients cannot be made to collide.
+    hasher: RandomState,
     /// Random, per store: its leases differ from any other store's.
     nonce: u64,
     clock: Arc<dyn Clock>,
@@ -89,6 +92,7 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Inner::default())),
+            hasher: RandomState::new(),
             nonce: uuid::Uuid::new_v4().as_u64_pair().0,
             clock,
             max_keys: NonZeroUsize::new(DEFAULT_MEMORY_MAX_KEYS).unwrap_or(NonZeroUsize::MIN),
@@ -133,6 +137,13 @@ impl MemoryStore {
     /// its handler again. Zero while `max_keys` is large enough.
     pub fn evictions(&self) -> u64 {
         self.lock().evicted
+    }
+
+    /// The keyed hash the store finds `(scope, key)` by: computed once per
+    /// request (the layer hands the claim's to the completion), and outside
+    /// the lock.
+    pub(crate) fn hash_of(&self, scope: &str, key: &str) -> u64 {
+        hash_of(&self.hasher, scope, key)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -192,6 +203,7 @@ impl MemoryStore {
     /// makes (called only then: a lease no longer ours copies nothing).
     fn keep_response(
         &self,
+        hash: u64,
         scope: &str,
         key: &str,
         lease: LeaseToken,
@@ -199,14 +211,14 @@ impl MemoryStore {
     ) -> bool {
         let mut inner = self.lock();
         let seq = inner.next_seq;
-        let (hash, id, owner) = match inner.find_mut(scope, key) {
-            (hash, Some(record)) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
+        let (id, owner) = match inner.find_mut(hash, scope, key) {
+            Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 record.state = State::Completed {
                     response: response(),
                     seq,
                 };
-                (hash, record.id.clone(), record.scope.clone())
+                (record.id.clone(), record.scope.clone())
             }
             _ => return false,
         };

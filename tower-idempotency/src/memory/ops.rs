@@ -17,6 +17,16 @@ impl MemoryStore {
     /// call does, without its boxed future (the layer calls this directly
     /// for a `MemoryStore` it was given by type).
     pub(crate) fn claim_now(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+        self.claim_hashed(req, self.hash_of(req.scope, req.key))
+    }
+
+    /// [`MemoryStore::claim_now`] of a key whose [`hash_of`](Self::hash_of)
+    /// is `hash`.
+    pub(crate) fn claim_hashed(
+        &self,
+        req: ClaimRequest<'_>,
+        hash: u64,
+    ) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         let now = self.clock.now();
         let mut inner = self.lock();
@@ -41,8 +51,7 @@ impl MemoryStore {
                 ttl: req.ttl,
             },
         };
-        let (hash, found) = inner.find_mut(req.scope, req.key);
-        let Some(record) = found else {
+        let Some(record) = inner.find_mut(hash, req.scope, req.key) else {
             self.make_room(&mut inner, req.scope, now)?;
             let (id, scope) = inner.new_id(req.scope, req.key);
             inner
@@ -81,16 +90,18 @@ impl MemoryStore {
         Ok(outcome_of(record, req.fingerprint))
     }
 
-    /// [`IdempotencyStore::complete_owned`], answered at once (see
+    /// [`IdempotencyStore::complete_owned`] of a key whose
+    /// [`hash_of`](Self::hash_of) is `hash`, answered at once (see
     /// [`MemoryStore::claim_now`]).
     pub(crate) fn complete_now(
         &self,
+        hash: u64,
         scope: &str,
         key: &str,
         lease: LeaseToken,
         response: StoredResponse,
     ) -> bool {
-        self.keep_response(scope, key, lease, || response)
+        self.keep_response(hash, scope, key, lease, || response)
     }
 }
 
@@ -106,9 +117,10 @@ impl IdempotencyStore for MemoryStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let hash = self.hash_of(scope, key);
         let now = self.clock.now();
         let mut inner = self.lock();
-        Ok(match inner.find_mut(scope, key).1 {
+        Ok(match inner.find_mut(hash, scope, key) {
             Some(record)
                 if record.expires_at > now || matches!(record.state, State::InProgress { .. }) =>
             {
@@ -125,7 +137,8 @@ impl IdempotencyStore for MemoryStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        Ok(self.keep_response(scope, key, lease, || response.clone()))
+        let hash = self.hash_of(scope, key);
+        Ok(self.keep_response(hash, scope, key, lease, || response.clone()))
     }
 
     async fn complete_owned(
@@ -135,7 +148,8 @@ impl IdempotencyStore for MemoryStore {
         lease: LeaseToken,
         response: StoredResponse,
     ) -> Result<bool, StoreError> {
-        Ok(self.complete_now(scope, key, lease, response))
+        let hash = self.hash_of(scope, key);
+        Ok(self.complete_now(hash, scope, key, lease, response))
     }
 
     async fn extend_lease(
@@ -144,9 +158,10 @@ impl IdempotencyStore for MemoryStore {
         key: &str,
         lease: LeaseToken,
     ) -> Result<bool, StoreError> {
+        let hash = self.hash_of(scope, key);
         let now = self.clock.now();
         let mut inner = self.lock();
-        match inner.find_mut(scope, key).1 {
+        match inner.find_mut(hash, scope, key) {
             Some(Record {
                 state:
                     State::InProgress {
@@ -168,7 +183,9 @@ impl IdempotencyStore for MemoryStore {
     }
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
+        let hash = self.hash_of(scope, key);
         let released = self.lock().remove_if(
+            hash,
             scope,
             key,
             |record| matches!(record.state, State::InProgress { lease: l, .. } if l == lease),

@@ -117,9 +117,13 @@ impl Claim {
         let kept = &self.kept;
         let stored = match &self.config.memory {
             // Directly, as the claim (see `run::process`).
-            Some(memory) => Ok(memory
-                .0
-                .complete_now(&kept.scope, &kept.key, kept.lease, response)),
+            Some(memory) => Ok(memory.0.complete_now(
+                kept.memory_hash,
+                &kept.scope,
+                &kept.key,
+                kept.lease,
+                response,
+            )),
             // Through the `dyn` (see `run::process`).
             None => {
                 (*self.store)

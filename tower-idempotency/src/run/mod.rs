@@ -76,13 +76,17 @@ where
         // the lease is ours for a lock timeout from here.
         let claimed_at = tokio::time::Instant::now();
         let request = config.claim(&scope, &key, fingerprint);
-        let claimed = match &config.memory {
+        // With a `MemoryStore`, the key's hash too, kept for the completion.
+        let (claimed, memory_hash) = match &config.memory {
             // A `MemoryStore` answers at once: called directly, without the
             // trait's boxed future.
-            Some(memory) => memory.0.claim_now(request),
+            Some(memory) => {
+                let hash = memory.0.hash_of(&scope, &key);
+                (memory.0.claim_hashed(request, hash), hash)
+            }
             // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for
             // `Arc` would box a second future around the store's own.
-            None => (*store).claim(request).await,
+            None => ((*store).claim(request).await, 0),
         };
         let (lease, epoch) = match answer_without_running(claimed, &config) {
             Ok(claimed) => claimed,
@@ -91,6 +95,7 @@ where
         let kept = Kept::new(scope, key, lease)
             .with_fingerprint(fingerprint)
             .with_epoch(epoch)
+            .with_memory_hash(memory_hash)
             .leased(claimed_at, config.lock_timeout);
         let kept = Arc::new(kept);
         parts
