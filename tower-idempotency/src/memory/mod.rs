@@ -167,8 +167,12 @@ impl MemoryStore {
         let per_scope = self
             .max_keys_per_scope
             .map_or(usize::MAX, NonZeroUsize::get);
-        let fits =
-            |inner: &Inner| inner.records.len() < self.max_keys.get() && own(inner) < per_scope;
+        // Without a per-scope bound (the default), the scope's count is not
+        // looked up: no count reaches `usize::MAX`.
+        let fits = |inner: &Inner| {
+            inner.records.len() < self.max_keys.get()
+                && (per_scope == usize::MAX || own(inner) < per_scope)
+        };
         if fits(inner) {
             return Ok(());
         }
