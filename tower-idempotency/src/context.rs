@@ -136,6 +136,21 @@ impl IdempotencyContext {
         self.kept.note_completed_in_tx();
     }
 
+    /// Refuses a context whose key the layer itself completes and commits
+    /// (the transactional mode): a handler completing it in a transaction
+    /// of its own would wait on the row the layer's transaction holds, or
+    /// not see it at all.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only `complete_in_tx` calls it
+    pub(crate) fn completable_by_handler(&self) -> Result<(), crate::StoreError> {
+        if self.kept.layer_commits {
+            return Err(crate::StoreError::msg(
+                "in the transactional mode the layer stores the response and commits: write \
+                 through the request's IdempotencyTransaction, and do not complete the key",
+            ));
+        }
+        Ok(())
+    }
+
     /// Notes that the handler's transaction that completed its key
     /// committed, so that the layer stores nothing.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only `commit_completed` calls it

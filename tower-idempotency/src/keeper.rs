@@ -71,6 +71,9 @@ pub(crate) struct Kept {
     /// The key's hash in the layer's `MemoryStore`, from the claim: the
     /// completion does not hash the key again (0 with other stores).
     pub(crate) memory_hash: u64,
+    /// The layer stores the response and commits in a transaction of its
+    /// own (PostgreSQL's transactional mode): the handler must not.
+    pub(crate) layer_commits: bool,
 }
 
 /// [`Kept::held_for`] of a claim that has no lease to lose.
@@ -95,6 +98,7 @@ impl Kept {
             completed_in_tx: AtomicBool::new(false),
             committed_by_handler: AtomicBool::new(false),
             memory_hash: 0,
+            layer_commits: false,
         }
     }
 
@@ -107,6 +111,14 @@ impl Kept {
     /// The same, with the claim's fencing `epoch`.
     pub(crate) fn with_epoch(mut self, epoch: u64) -> Self {
         self.epoch = epoch;
+        self
+    }
+
+    /// The same, for a claim the layer completes and commits in its own
+    /// transaction.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only the transactional mode calls it
+    pub(crate) fn committed_by_layer(mut self) -> Self {
+        self.layer_commits = true;
         self
     }
 

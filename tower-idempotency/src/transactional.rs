@@ -31,6 +31,7 @@ use crate::body::collect_catching;
 use crate::config::Config;
 use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{catch_unwind, Panicked};
+use crate::keeper::Kept;
 use crate::key::fingerprint;
 use crate::postgres::{db_err, PostgresStore};
 use crate::problem::{problem, ProblemKind};
@@ -167,7 +168,11 @@ where
     parts.extensions.insert(handle.clone());
     parts
         .extensions
-        .insert(IdempotencyContext::new(&*scope, &key, lease).with_epoch(epoch));
+        .insert(IdempotencyContext::from_kept(Arc::new(
+            Kept::new(scope.clone(), key.clone(), lease)
+                .with_epoch(epoch)
+                .committed_by_layer(),
+        )));
     // Run in this future, not in a task of its own: there is no lease to
     // keep alive beside it, and a panic is caught here as well as by a task.
     let outcome =

@@ -172,3 +172,112 @@ async fn a_committed_completion_leaves_the_layer_nothing_to_store() {
         .unwrap();
     cleanup.run().await;
 }
+
+/// What a handler's `commit_completed` said, for the test to read.
+#[derive(Clone)]
+struct Said {
+    store: PostgresStore,
+    table: Arc<String>,
+    said: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+/// Inserts its effect and commits its completion, then answers 503 (a
+/// status the layer is set to release) unless told the commit failed.
+async fn commit_then_503(
+    State(state): State<Said>,
+    Extension(ctx): Extension<IdempotencyContext>,
+    body: String,
+) -> (StatusCode, String) {
+    let mut tx = state.store.pool().begin().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
+        .bind(&body)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let stored = StoredResponse::json(201, r#"{"stored":"in-tx"}"#);
+    let said = match state.store.commit_completed(tx, &ctx, &stored).await {
+        Ok(committed) => format!("committed: {committed}"),
+        Err(err) => format!("error: {err}"),
+    };
+    state.said.lock().unwrap().push(said);
+    (StatusCode::SERVICE_UNAVAILABLE, "after the commit".into())
+}
+
+async fn said_setup(h: &Harness) -> Said {
+    let store = h.pg.clone().unwrap();
+    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    Said {
+        store,
+        table: Arc::new(table),
+        said: Arc::default(),
+    }
+}
+
+async fn effects(state: &Said) -> i64 {
+    let sql = format!("SELECT count(*) FROM {}", state.table);
+    let count = sqlx::query_scalar(&sql)
+        .fetch_one(state.store.pool())
+        .await
+        .unwrap();
+    sqlx::query(&format!("DROP TABLE {}", state.table))
+        .execute(state.store.pool())
+        .await
+        .unwrap();
+    count
+}
+
+/// A status the layer releases, answered after the completion committed,
+/// frees nothing: the committed response is what retries get, and the
+/// effect happened once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_status_after_a_committed_completion_frees_nothing() {
+    let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
+    let state = said_setup(&h).await;
+    let layer = h
+        .builder()
+        .release_statuses([StatusCode::SERVICE_UNAVAILABLE])
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/payments", post_route(commit_then_503))
+        .with_state(state.clone())
+        .layer(layer);
+    assert_eq!(send(&router, post("k", "pay")).await.status, 503);
+    let replay = send(&router, post("k", "pay")).await;
+    assert!(replay.replayed(), "{} {:?}", replay.status, replay.body);
+    assert_eq!(replay.json()["stored"], "in-tx");
+    assert_eq!(*state.said.lock().unwrap(), ["committed: true"]);
+    assert_eq!(effects(&state).await, 1);
+    cleanup.run().await;
+}
+
+/// In the transactional mode the layer completes the key and commits: a
+/// handler completing it in a transaction of its own is told so at once
+/// (it would not see the uncommitted claim, or would wait on its lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_transactional_mode_refuses_a_completion_by_the_handler() {
+    let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
+    let state = said_setup(&h).await;
+    let layer = tower_idempotency::IdempotencyLayer::transactional(state.store.clone())
+        .build()
+        .unwrap();
+    let router = Router::new()
+        .route("/payments", post_route(commit_then_503))
+        .with_state(state.clone())
+        .layer(layer);
+    send(&router, post("k", "pay")).await;
+    let said = state.said.lock().unwrap().clone();
+    assert_eq!(said.len(), 1);
+    assert!(said[0].contains("transactional mode"), "{said:?}");
+    // Its own transaction was dropped: no effect committed.
+    assert_eq!(effects(&state).await, 0);
+    cleanup.run().await;
+}

@@ -22,10 +22,18 @@ impl PostgresStore {
     /// Use this from a handler that writes its own effects (say, a payment
     /// row) in `tx`: the effect and the stored response then commit or roll
     /// back together, so a crash can never leave an effect without a
-    /// replayable response. After the handler returns, the layer notices that
-    /// the key is already completed and does not store the response again.
-    /// Returns `Ok(false)` if the lease is no longer current (the claim was
-    /// taken over after the lock timeout); the handler should then roll back.
+    /// replayable response. After the handler returns, the layer asks the
+    /// store once more (it cannot know whether `tx` committed), finds the
+    /// key completed and does not store the response again;
+    /// [`commit_completed`](Self::commit_completed) commits and spares that
+    /// call. Returns `Ok(false)` if the lease is no longer current (the
+    /// claim was taken over after the lock timeout); the handler should then
+    /// roll back.
+    ///
+    /// # Errors
+    ///
+    /// In the transactional mode, where the layer completes the key and
+    /// commits itself; or when the store fails.
     ///
     /// ```no_run
     /// # async fn demo(store: tower_idempotency::PostgresStore, ctx: tower_idempotency::IdempotencyContext) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,6 +52,7 @@ impl PostgresStore {
         ctx: &IdempotencyContext,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
+        ctx.completable_by_handler()?;
         let completed = self
             .complete_on(tx, ctx.scope(), ctx.key(), ctx.lease(), response)
             .await?;
@@ -64,8 +73,22 @@ impl PostgresStore {
     ///
     /// Returns `Ok(false)`, having rolled the transaction back, if the lease
     /// is no longer current (the claim was taken over after the lock
-    /// timeout). If the commit fails, the layer stores the response itself
-    /// if the key is still in progress.
+    /// timeout): write anything else before this call.
+    ///
+    /// `tx` is a transaction of the pool (`pool().begin()`), never a
+    /// savepoint inside another one, whose commit would commit nothing yet:
+    /// the type says so (`'static`). The store's own `complete` is not
+    /// called for this request, so a wrapper counting completions sees
+    /// none. Not for the transactional mode
+    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)),
+    /// where the layer commits: there it is an error, as `complete_in_tx`
+    /// is.
+    ///
+    /// # Errors
+    ///
+    /// In the transactional mode; when the store fails, or the commit
+    /// (then the layer stores the response itself if the key is still in
+    /// progress).
     ///
     /// ```no_run
     /// # async fn demo(store: tower_idempotency::PostgresStore, ctx: tower_idempotency::IdempotencyContext) -> Result<(), Box<dyn std::error::Error>> {
@@ -80,7 +103,7 @@ impl PostgresStore {
     /// ```
     pub async fn commit_completed(
         &self,
-        mut tx: Transaction<'_, Postgres>,
+        mut tx: Transaction<'static, Postgres>,
         ctx: &IdempotencyContext,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
