@@ -114,20 +114,6 @@ impl Kept {
         self
     }
 
-    /// The same, for a claim the layer completes and commits in its own
-    /// transaction.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))] // only the transactional mode calls it
-    pub(crate) fn committed_by_layer(mut self) -> Self {
-        self.layer_commits = true;
-        self
-    }
-
-    /// The same, with the key's hash in the layer's `MemoryStore`.
-    pub(crate) fn with_memory_hash(mut self, hash: u64) -> Self {
-        self.memory_hash = hash;
-        self
-    }
-
     /// The same, a lease claimed with a request sent at `claimed_at` under
     /// `lock_timeout`: held for a lock timeout from then, and for a lock
     /// timeout after each extension the store accepts.

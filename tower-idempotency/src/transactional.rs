@@ -166,13 +166,12 @@ where
         tx: Arc::new(Mutex::new(Some(tx))),
     };
     parts.extensions.insert(handle.clone());
+    // The layer completes and commits: a handler's own completion is refused.
+    let mut kept = Kept::new(scope.clone(), key.clone(), lease).with_epoch(epoch);
+    kept.layer_commits = true;
     parts
         .extensions
-        .insert(IdempotencyContext::from_kept(Arc::new(
-            Kept::new(scope.clone(), key.clone(), lease)
-                .with_epoch(epoch)
-                .committed_by_layer(),
-        )));
+        .insert(IdempotencyContext::from_kept(Arc::new(kept)));
     // Run in this future, not in a task of its own: there is no lease to
     // keep alive beside it, and a panic is caught here as well as by a task.
     let outcome =

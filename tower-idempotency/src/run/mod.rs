@@ -92,11 +92,11 @@ where
             Ok(claimed) => claimed,
             Err(answer) => return Ok(answer),
         };
-        let kept = Kept::new(scope, key, lease)
+        let mut kept = Kept::new(scope, key, lease)
             .with_fingerprint(fingerprint)
             .with_epoch(epoch)
-            .with_memory_hash(memory_hash)
             .leased(claimed_at, config.lock_timeout);
+        kept.memory_hash = memory_hash;
         let kept = Arc::new(kept);
         parts
             .extensions
