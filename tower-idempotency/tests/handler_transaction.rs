@@ -6,13 +6,61 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post as post_route;
 use axum::{Extension, Router};
+use sqlx::{Postgres, Transaction};
 use support::{post, send, Harness};
 use tower_idempotency::{IdempotencyContext, PostgresStore, StoredResponse};
 
 #[derive(Clone)]
 struct AppState {
     store: PostgresStore,
+    /// The effects table, this test's own.
     table: Arc<String>,
+    /// What each `commit_completed` of `commit_then_503` said.
+    said: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl AppState {
+    /// The harness's store and an effects table of its own.
+    async fn new(h: &Harness) -> Self {
+        let store = h.pg.clone().unwrap();
+        let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
+        ))
+        .execute(store.pool())
+        .await
+        .unwrap();
+        Self {
+            store,
+            table: Arc::new(table),
+            said: Arc::default(),
+        }
+    }
+
+    /// A transaction of the pool with the effect `note` written in it.
+    async fn begin_with_effect(&self, note: &str) -> Transaction<'static, Postgres> {
+        let mut tx = self.store.pool().begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", self.table))
+            .bind(note)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    }
+
+    /// The effects committed; drops the table.
+    async fn effects(&self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.table);
+        let count = sqlx::query_scalar(&sql)
+            .fetch_one(self.store.pool())
+            .await
+            .unwrap();
+        sqlx::query(&format!("DROP TABLE {}", self.table))
+            .execute(self.store.pool())
+            .await
+            .unwrap();
+        count
+    }
 }
 
 async fn create(
@@ -20,12 +68,7 @@ async fn create(
     Extension(ctx): Extension<IdempotencyContext>,
     body: String,
 ) -> (StatusCode, String) {
-    let mut tx = state.store.pool().begin().await.unwrap();
-    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
-        .bind(&body)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let mut tx = state.begin_with_effect(&body).await;
     let stored = StoredResponse::json(201, format!("{{\"stored\":\"in-tx\",\"note\":{body:?}}}"));
     assert!(state
         .store
@@ -46,21 +89,10 @@ async fn create(
 async fn handler_completes_key_in_its_transaction() {
     let h = Harness::postgres().await;
     let cleanup = h.cleanup();
-    let store = h.pg.clone().unwrap();
-    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(&format!(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let state = AppState {
-        store: store.clone(),
-        table: Arc::new(table.clone()),
-    };
+    let state = AppState::new(&h).await;
     let router = Router::new()
         .route("/payments", post_route(create))
-        .with_state(state)
+        .with_state(state.clone())
         // This handler answers 503 only after rolling back: no effect, so
         // its 503 may free the key (by default a 503 is stored).
         .layer(
@@ -86,15 +118,7 @@ async fn handler_completes_key_in_its_transaction() {
     let rolled_again = send(&router, post("r", "rollback")).await;
     assert!(!rolled_again.replayed());
 
-    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(count, 1, "exactly one effect committed");
-    sqlx::query(&format!("DROP TABLE {table}"))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    assert_eq!(state.effects().await, 1, "exactly one effect committed");
     cleanup.run().await;
 }
 
@@ -105,12 +129,7 @@ async fn create_and_commit(
     Extension(ctx): Extension<IdempotencyContext>,
     body: String,
 ) -> (StatusCode, String) {
-    let mut tx = state.store.pool().begin().await.unwrap();
-    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
-        .bind(&body)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let tx = state.begin_with_effect(&body).await;
     let stored = StoredResponse::json(201, format!("{{\"stored\":\"in-tx\",\"note\":{body:?}}}"));
     let committed = state.store.commit_completed(tx, &ctx, &stored).await;
     assert!(committed.unwrap(), "the lease is current");
@@ -125,23 +144,12 @@ async fn create_and_commit(
 async fn a_committed_completion_leaves_the_layer_nothing_to_store() {
     let h = Harness::postgres().await;
     let cleanup = h.cleanup();
-    let store = h.pg.clone().unwrap();
-    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(&format!(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let state = AppState {
-        store: store.clone(),
-        table: Arc::new(table.clone()),
-    };
+    let state = AppState::new(&h).await;
     let (layer, watched) = h.watched_layer();
     let router = Router::new()
         .route("/payments", post_route(create_and_commit))
         .route("/payments/own-commit", post_route(create))
-        .with_state(state)
+        .with_state(state.clone())
         .layer(layer);
 
     let first = send(&router, post("k", "pay")).await;
@@ -161,39 +169,18 @@ async fn a_committed_completion_leaves_the_layer_nothing_to_store() {
         "after a commit of the handler's own, the layer asks"
     );
 
-    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(count, 2, "one effect per key");
-    sqlx::query(&format!("DROP TABLE {table}"))
-        .execute(store.pool())
-        .await
-        .unwrap();
+    assert_eq!(state.effects().await, 2, "one effect per key");
     cleanup.run().await;
-}
-
-/// What a handler's `commit_completed` said, for the test to read.
-#[derive(Clone)]
-struct Said {
-    store: PostgresStore,
-    table: Arc<String>,
-    said: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Inserts its effect and commits its completion, then answers 503 (a
 /// status the layer is set to release) unless told the commit failed.
 async fn commit_then_503(
-    State(state): State<Said>,
+    State(state): State<AppState>,
     Extension(ctx): Extension<IdempotencyContext>,
     body: String,
 ) -> (StatusCode, String) {
-    let mut tx = state.store.pool().begin().await.unwrap();
-    sqlx::query(&format!("INSERT INTO {} (note) VALUES ($1)", state.table))
-        .bind(&body)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let tx = state.begin_with_effect(&body).await;
     let stored = StoredResponse::json(201, r#"{"stored":"in-tx"}"#);
     let said = match state.store.commit_completed(tx, &ctx, &stored).await {
         Ok(committed) => format!("committed: {committed}"),
@@ -203,35 +190,6 @@ async fn commit_then_503(
     (StatusCode::SERVICE_UNAVAILABLE, "after the commit".into())
 }
 
-async fn said_setup(h: &Harness) -> Said {
-    let store = h.pg.clone().unwrap();
-    let table = format!("tower_idem_effects_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(&format!(
-        "CREATE TABLE {table} (id bigserial PRIMARY KEY, note text NOT NULL)"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    Said {
-        store,
-        table: Arc::new(table),
-        said: Arc::default(),
-    }
-}
-
-async fn effects(state: &Said) -> i64 {
-    let sql = format!("SELECT count(*) FROM {}", state.table);
-    let count = sqlx::query_scalar(&sql)
-        .fetch_one(state.store.pool())
-        .await
-        .unwrap();
-    sqlx::query(&format!("DROP TABLE {}", state.table))
-        .execute(state.store.pool())
-        .await
-        .unwrap();
-    count
-}
-
 /// A status the layer releases, answered after the completion committed,
 /// frees nothing: the committed response is what retries get, and the
 /// effect happened once.
@@ -239,7 +197,7 @@ async fn effects(state: &Said) -> i64 {
 async fn a_release_status_after_a_committed_completion_frees_nothing() {
     let h = Harness::postgres().await;
     let cleanup = h.cleanup();
-    let state = said_setup(&h).await;
+    let state = AppState::new(&h).await;
     let layer = h
         .builder()
         .release_statuses([StatusCode::SERVICE_UNAVAILABLE])
@@ -254,7 +212,7 @@ async fn a_release_status_after_a_committed_completion_frees_nothing() {
     assert!(replay.replayed(), "{} {:?}", replay.status, replay.body);
     assert_eq!(replay.json()["stored"], "in-tx");
     assert_eq!(*state.said.lock().unwrap(), ["committed: true"]);
-    assert_eq!(effects(&state).await, 1);
+    assert_eq!(state.effects().await, 1);
     cleanup.run().await;
 }
 
@@ -265,7 +223,7 @@ async fn a_release_status_after_a_committed_completion_frees_nothing() {
 async fn the_transactional_mode_refuses_a_completion_by_the_handler() {
     let h = Harness::postgres().await;
     let cleanup = h.cleanup();
-    let state = said_setup(&h).await;
+    let state = AppState::new(&h).await;
     let layer = tower_idempotency::IdempotencyLayer::transactional(state.store.clone())
         .build()
         .unwrap();
@@ -278,6 +236,6 @@ async fn the_transactional_mode_refuses_a_completion_by_the_handler() {
     assert_eq!(said.len(), 1);
     assert!(said[0].contains("transactional mode"), "{said:?}");
     // Its own transaction was dropped: no effect committed.
-    assert_eq!(effects(&state).await, 0);
+    assert_eq!(state.effects().await, 0);
     cleanup.run().await;
 }
