@@ -1,11 +1,11 @@
 //! What only the Redis store has: it refuses a server that can lose keys
 //! unless told otherwise, its epochs keep going up when the server's clock
-//! goes back, and its key prefix is checked.
+//! goes back, its key prefix is checked, and its claims start its sweeps.
 mod support;
 
 use std::time::Duration;
 
-use support::{redis_store, redis_url, unique};
+use support::{redis_records, redis_store, redis_url, unique, Harness};
 use tower_idempotency::{ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, RedisStore};
 
 fn claim<'a>(key: &'a str) -> ClaimRequest<'a> {
@@ -67,4 +67,62 @@ async fn a_prefix_must_be_a_plain_name() {
         assert!(store.clone().with_prefix(bad).is_err(), "{bad:?}");
     }
     assert!(store.with_prefix("payments-v2.keys_1").is_ok());
+}
+
+/// A store left to sweep by itself: its claims start the sweeps, the first
+/// marking an expired record in progress seen stale, a later one (a time
+/// to live after the mark) deleting it. No `spawn_sweeper` needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_start_the_sweeps() {
+    let h = Harness::redis().await;
+    let cleanup = h.cleanup();
+    let store = h.redis.clone().unwrap();
+    assert!(matches!(
+        store.claim(claim("old")).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    // Its owner is gone: expired, in progress, never extended.
+    h.advance(Duration::from_secs(120)).await;
+    let sweeping = store.clone().sweep_every(Some(Duration::from_millis(1)));
+    for (step, key) in ["a", "b"].into_iter().enumerate() {
+        // The next sweep is due a millisecond after the last.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        sweeping.claim(claim(key)).await.unwrap();
+        if step == 0 {
+            // Wait (bounded) for the task that claim started to mark it,
+            // then let a time to live pass since the mark.
+            for _ in 0..500 {
+                if marked_stale(&store, "old").await {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(marked_stale(&store, "old").await, "no sweep marked it");
+            assert_eq!(redis_records(&store).await, 2, "the first sweep only marks");
+            h.advance(Duration::from_secs(120)).await;
+        }
+    }
+    for _ in 0..500 {
+        if redis_records(&store).await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        redis_records(&store).await,
+        2,
+        "only the two live claims are left"
+    );
+    cleanup.run().await;
+}
+
+/// Whether a sweep or a claim marked `key`'s lease seen stale.
+async fn marked_stale(store: &RedisStore, key: &str) -> bool {
+    let marked: Option<String> = redis::cmd("HGET")
+        .arg(store.record_key("s", key))
+        .arg("stale")
+        .query_async(&mut store.connection())
+        .await
+        .unwrap();
+    marked.is_some_and(|m| m != "0")
 }
