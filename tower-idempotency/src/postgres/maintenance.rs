@@ -2,7 +2,7 @@
 //! sweeping its expired rows, in bounded batches, from a short task a claim
 //! starts at most once per `sweep_every`.
 
-use crate::store::{IdempotencyStore, StoreError};
+use crate::store::{spawn_sweep, StoreError};
 
 use super::error::db_err;
 use super::sql::MIGRATION_SQL;
@@ -14,37 +14,9 @@ pub(super) const SWEEP_BATCH: i64 = 5_000;
 impl PostgresStore {
     /// Starts a sweep in a task of its own if one is due.
     pub(super) fn maybe_sweep(&self) {
-        let Some(every) = self.shared.sweep_every else {
-            return;
-        };
-        let now = std::time::Instant::now();
-        {
-            let mut next = self
-                .shared
-                .next_sweep
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            match *next {
-                // Not due; or never again (the interval overflowed).
-                Some(at) if at > now => return,
-                None => return,
-                // An interval past what an `Instant` holds means never again.
-                Some(_) => *next = now.checked_add(every),
-            }
+        if self.shared.sweep.due() {
+            spawn_sweep(self.clone());
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = self.clone();
-        drop(runtime.spawn(async move {
-            match store.sweep_expired().await {
-                Ok(n) if n > 0 => tracing::debug!(swept = n, "swept expired idempotency keys"),
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, "sweeping expired idempotency keys failed")
-                }
-            }
-        }));
     }
 
     /// Creates the table and index if they do not exist (the SQL of

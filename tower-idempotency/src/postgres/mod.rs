@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-use crate::store::StoreError;
+use crate::store::{StoreError, SweepSchedule};
 
 pub(crate) use self::error::db_err;
 pub use self::sql::MIGRATION_SQL;
@@ -72,9 +72,8 @@ struct Shared {
     /// A small pool of its own for lease extensions, opened on first use
     /// with the main pool's options and hooks.
     lease_pool: std::sync::OnceLock<LeasePool>,
-    /// When the next sweep is due (`None`: sweeping is off).
-    next_sweep: std::sync::Mutex<Option<std::time::Instant>>,
-    sweep_every: Option<Duration>,
+    /// When the next sweep is due.
+    sweep: SweepSchedule,
 }
 
 /// The lease pool, with the main pool's connect options it was made with
@@ -89,10 +88,8 @@ impl Shared {
     fn new(sweep_every: Option<Duration>) -> Self {
         Self {
             lease_pool: std::sync::OnceLock::new(),
-            next_sweep: std::sync::Mutex::new(sweep_every.and_then(|every| {
-                std::time::Instant::now().checked_add(every.min(Duration::from_secs(60)))
-            })),
-            sweep_every,
+            // The first sweep within a minute of the store's start.
+            sweep: SweepSchedule::new(sweep_every, Duration::from_secs(60)),
         }
     }
 }
@@ -131,7 +128,7 @@ impl PostgresStore {
     /// batches of 5 000 rows, each its own short statement, skipping rows
     /// that another replica's sweep holds.
     pub fn sweep_every(mut self, every: Option<Duration>) -> Self {
-        self.shared = Arc::new(Shared::new(every.filter(|e| !e.is_zero())));
+        self.shared = Arc::new(Shared::new(every));
         self
     }
 

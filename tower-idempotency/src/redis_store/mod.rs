@@ -20,13 +20,13 @@ mod ops;
 mod scripts;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use crate::store::StoreError;
+use crate::store::{spawn_sweep, StoreError, SweepSchedule};
 
 /// The prefix of every key the store writes, unless
 /// [`RedisStore::with_prefix`] sets another.
@@ -83,10 +83,8 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: Arc<str>,
     scripts: Arc<Scripts>,
-    /// How often a claim starts a sweep (`None`: never).
-    sweep_every: Option<Duration>,
-    /// When the next sweep is due, shared by the store's clones.
-    next_sweep: Arc<Mutex<Option<Instant>>>,
+    /// When a claim starts the next sweep, shared by the store's clones.
+    sweep: Arc<SweepSchedule>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -132,8 +130,7 @@ impl RedisStore {
                 release: Script::new(scripts::RELEASE),
                 sweep: Script::new(&scripts::sweep()),
             }),
-            sweep_every: Some(DEFAULT_SWEEP_EVERY),
-            next_sweep: Arc::new(Mutex::new(Instant::now().checked_add(DEFAULT_SWEEP_EVERY))),
+            sweep: Arc::new(SweepSchedule::new(Some(DEFAULT_SWEEP_EVERY), Duration::MAX)),
         })
     }
 
@@ -144,37 +141,15 @@ impl RedisStore {
     /// or [`spawn_sweeper`](crate::spawn_sweeper)). Completed records need
     /// no sweep: Redis expires them.
     pub fn sweep_every(mut self, every: Option<Duration>) -> Self {
-        self.sweep_every = every.filter(|e| !e.is_zero());
-        let next = self.sweep_every.and_then(|e| Instant::now().checked_add(e));
-        self.next_sweep = Arc::new(Mutex::new(next));
+        self.sweep = Arc::new(SweepSchedule::new(every, Duration::MAX));
         self
     }
 
     /// Starts a sweep in a task of its own if one is due.
     fn maybe_sweep(&self) {
-        let Some(every) = self.sweep_every else {
-            return;
-        };
-        let now = Instant::now();
-        {
-            let mut next = self.next_sweep.lock().unwrap_or_else(|p| p.into_inner());
-            match *next {
-                Some(at) if at > now => return,
-                // Never again: the interval overflowed an `Instant`.
-                None => return,
-                Some(_) => *next = now.checked_add(every),
-            }
+        if self.sweep.due() {
+            spawn_sweep(self.clone());
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let store = self.clone();
-        drop(runtime.spawn(async move {
-            use crate::store::IdempotencyStore;
-            if let Err(err) = store.sweep_expired().await {
-                tracing::warn!(error = %err, "sweeping expired idempotency keys failed");
-            }
-        }));
     }
 
     /// The same store writing its keys under `prefix` (default

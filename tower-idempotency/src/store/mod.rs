@@ -14,6 +14,7 @@
 
 mod clock;
 mod error;
+mod sweep;
 mod values;
 
 use std::sync::Arc;
@@ -23,6 +24,8 @@ use async_trait::async_trait;
 
 pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::error::StoreError;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) use self::sweep::{spawn_sweep, SweepSchedule};
 pub(crate) use self::values::check_ids;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use self::values::{headers_from_json, headers_to_json};
@@ -190,13 +193,7 @@ pub fn spawn_sweeper(
             interval.tick().await;
             // Through the `dyn`: the blanket impl for `Arc` would box a
             // second future.
-            match (*store).sweep_expired().await {
-                Ok(n) if n > 0 => tracing::debug!(swept = n, "swept expired idempotency keys"),
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, "sweeping expired idempotency keys failed")
-                }
-            }
+            sweep::sweep_logged(&*store).await;
         }
     })
 }
