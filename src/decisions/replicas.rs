@@ -35,13 +35,22 @@
 //!
 //! # The rules
 //!
-//! - A new connection goes to one address: a due probe first (below), else
-//!   the healthy address next in turn, so connections spread.
+//! - A new connection is handed every address of its name, in order: a due
+//!   probe first (below), then the healthy addresses starting at the next
+//!   in turn (so connections spread), then the ones out of service, the
+//!   fewest failures first. hyper tries them in that order, so a refused
+//!   connection falls through to the next address inside one attempt, as
+//!   it does without this table; an ejected address is tried only when
+//!   every healthy one refused.
 //! - A failure attributed to an address (a reset, a refused connection, a
 //!   timeout, a 5xx from it) ejects it: no new connection goes to it for
 //!   [`FIRST_EJECTION`], doubling with each failure in a row up to
 //!   [`MAX_EJECTION`]. Then one connection probes it: a success brings it
-//!   back, a failure ejects it again for longer.
+//!   back, a failure ejects it again for longer. A probe whose attempt
+//!   ends with no verdict on it (dropped by its caller, a lost hedge race,
+//!   answered by another address) ends all the same: the address is due
+//!   for another probe [`FIRST_EJECTION`] later. A probe nobody ends (its
+//!   resolver used without the middleware) lapses after [`MAX_EJECTION`].
 //! - Never all: an address is not ejected when no other address of its
 //!   name would be left in service; it then stays in turn, and a host
 //!   whose every address fails is an outage for the admission, as before.
@@ -51,15 +60,23 @@
 //!   connection level, and neither the admission nor the breaker counts it
 //!   against the host.
 //!
-//! The table is bounded ([`MAX_NAMES`] names, the idlest dropped first) and
-//! takes instants from its caller: no clock, no I/O.
+//! - Addresses are compared as the connection used them, port included:
+//!   a look-up's port-less answer takes the URL's port before it reaches
+//!   the table. Each look-up replaces the name's addresses on its port
+//!   (known ones keep their record, new ones start healthy and in turn,
+//!   gone ones are forgotten); a name used on several ports keeps each
+//!   port's addresses apart, within [`MAX_ADDRS`].
+//!
+//! The table is bounded ([`MAX_NAMES`] names, the idlest dropped first;
+//! [`MAX_ADDRS`] addresses a name) and takes instants from its caller: no
+//! clock, no I/O.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -72,7 +89,7 @@ pub(super) const MAX_EJECTION: Duration = Duration::from_secs(30);
 /// The most names kept; the one unused the longest makes room.
 pub(super) const MAX_NAMES: usize = 1024;
 /// The most addresses kept for one name (the first ones resolved).
-const MAX_ADDRS: usize = 64;
+pub(super) const MAX_ADDRS: usize = 64;
 
 /// One address of a name, and how it has fared.
 #[derive(Debug, Clone)]
@@ -82,8 +99,9 @@ struct Addr {
     strikes: u32,
     /// No new connection before this, unless as a probe.
     ejected_until: Option<Instant>,
-    /// A probe went to it and has not answered yet.
-    probing: bool,
+    /// A probe went to it and has not ended yet: its number, and when it
+    /// started (a probe nobody ends lapses after [`MAX_EJECTION`]).
+    probing: Option<(u64, Instant)>,
 }
 
 impl Addr {
@@ -92,12 +110,17 @@ impl Addr {
             addr,
             strikes: 0,
             ejected_until: None,
-            probing: false,
+            probing: None,
         }
     }
 
+    fn probing(&self, now: Instant) -> bool {
+        self.probing
+            .is_some_and(|(_, since)| now.saturating_duration_since(since) < MAX_EJECTION)
+    }
+
     fn ejected(&self, now: Instant) -> bool {
-        self.ejected_until.is_some_and(|u| u > now) || self.probing
+        self.ejected_until.is_some_and(|u| u > now) || self.probing(now)
     }
 
     /// In service and with no failure since its last success.
@@ -124,6 +147,8 @@ pub struct ReplicaTable {
     /// there are none (the usual case), an answer or a degraded check
     /// takes no lock.
     struck: AtomicUsize,
+    /// The number of the next probe.
+    probes: AtomicU64,
     /// Seeded per table: names are kept by a digest, made without an
     /// allocation on every answer.
     hasher: RandomState,
@@ -157,15 +182,36 @@ impl ReplicaTable {
     }
 
     /// The address a new connection to `name` goes to, among `resolved`
-    /// (what the name resolves to now): a probe of an ejected address
-    /// whose ejection is over, else the next healthy address in turn, else
-    /// the address that has failed the fewest times in a row. `None` when
-    /// `resolved` is empty.
+    /// (what the name resolves to now): the first of [`ReplicaTable::order`],
+    /// a due probe marked as under way. `None` when `resolved` is empty.
     pub fn pick(&self, name: &str, resolved: &[SocketAddr], now: Instant) -> Option<SocketAddr> {
+        self.order_at(self.key(name), resolved, now, true)
+            .0
+            .first()
+            .copied()
+    }
+
+    /// Every address of `name` among `resolved`, in the order a new
+    /// connection should try them: a due probe first (marked as under way),
+    /// then the healthy addresses from the next in turn, then those out of
+    /// service, the fewest failures in a row first. Empty when `resolved`
+    /// is.
+    pub fn order(&self, name: &str, resolved: &[SocketAddr], now: Instant) -> Vec<SocketAddr> {
+        self.order_at(self.key(name), resolved, now, true).0
+    }
+
+    /// [`ReplicaTable::order`] by key; a probe is chosen only when
+    /// `may_probe` (someone will end it), and its number is returned.
+    pub(crate) fn order_at(
+        &self,
+        k: NameKey,
+        resolved: &[SocketAddr],
+        now: Instant,
+        may_probe: bool,
+    ) -> (Vec<SocketAddr>, Option<u64>) {
         if resolved.is_empty() {
-            return None;
+            return (Vec::new(), None);
         }
-        let k = self.key(name);
         let mut names = lock(&self.names);
         if !names.contains_key(&k) && names.len() >= MAX_NAMES {
             let idlest = names.iter().min_by_key(|(_, n)| n.used).map(|(k, _)| *k);
@@ -182,41 +228,80 @@ impl ReplicaTable {
             used: now,
         });
         entry.used = now;
-        // What the name resolves to now: known addresses keep their
-        // record, new ones start healthy, gone ones are forgotten.
+        // What the name resolves to now, on this port: known addresses
+        // keep their record, new ones start healthy, gone ones are
+        // forgotten. Other ports' addresses are another look-up's.
         let before = entry.addrs.iter().filter(|a| a.strikes > 0).count();
-        entry.addrs.retain(|a| resolved.contains(&a.addr));
+        entry.addrs.retain(|a| {
+            resolved.contains(&a.addr) || resolved.iter().all(|r| r.port() != a.addr.port())
+        });
         let after = entry.addrs.iter().filter(|a| a.strikes > 0).count();
         self.struck.fetch_sub(before - after, Ordering::Relaxed);
-        for addr in resolved.iter().take(MAX_ADDRS) {
+        for addr in resolved {
+            if entry.addrs.len() >= MAX_ADDRS {
+                break;
+            }
             if !entry.addrs.iter().any(|a| a.addr == *addr) {
                 entry.addrs.push(Addr::new(*addr));
             }
         }
         let addrs = &mut entry.addrs;
+        let mut order = Vec::with_capacity(resolved.len().min(MAX_ADDRS));
+        let mut probe = None;
         // A probe: an ejected address whose time is up, not already probed.
-        if let Some(a) = addrs
-            .iter_mut()
-            .find(|a| !a.probing && a.strikes > 0 && a.ejected_until.is_some_and(|u| u <= now))
-        {
-            a.probing = true;
-            return Some(a.addr);
+        if may_probe {
+            if let Some(a) = addrs.iter_mut().find(|a| {
+                resolved.contains(&a.addr)
+                    && !a.probing(now)
+                    && a.strikes > 0
+                    && a.ejected_until.is_some_and(|u| u <= now)
+            }) {
+                let id = self.probes.fetch_add(1, Ordering::Relaxed);
+                a.probing = Some((id, now));
+                order.push(a.addr);
+                probe = Some(id);
+            }
         }
         let n = addrs.len();
         let start = entry.cursor % n;
-        let in_turn = (0..n)
-            .map(|i| (start + i) % n)
-            .find(|&i| addrs[i].healthy(now));
-        let chosen = match in_turn {
-            Some(i) => i,
-            // None healthy: the one in service that failed the fewest
-            // times in a row.
-            None => (0..n)
-                .map(|i| (start + i) % n)
-                .min_by_key(|&i| (addrs[i].ejected(now), addrs[i].strikes))?,
+        let turn = (0..n).map(|i| (start + i) % n);
+        let wanted = |a: &Addr| resolved.contains(&a.addr) && !order.contains(&a.addr);
+        let healthy: Vec<usize> = turn
+            .clone()
+            .filter(|&i| addrs[i].healthy(now) && wanted(&addrs[i]))
+            .collect();
+        let mut rest: Vec<usize> = turn
+            .filter(|&i| !addrs[i].healthy(now) && wanted(&addrs[i]))
+            .collect();
+        rest.sort_by_key(|&i| (addrs[i].ejected(now), addrs[i].strikes));
+        // The next connection starts after the first address chosen in
+        // turn, so that connections spread.
+        if let Some(&first) = healthy.first().or(rest.first()) {
+            if order.is_empty() {
+                entry.cursor = first + 1;
+            }
+        }
+        order.extend(healthy.iter().chain(&rest).map(|&i| addrs[i].addr));
+        (order, probe)
+    }
+
+    /// The probe numbered `probe` of `addr` of `name` ended with no verdict
+    /// on the address (its attempt was dropped, lost a hedge race, or was
+    /// answered by another address): it is due for another probe
+    /// [`FIRST_EJECTION`] after `now`. A probe already ended, or another
+    /// probe since, is left alone.
+    pub(crate) fn probe_ended_at(&self, name: NameKey, addr: SocketAddr, probe: u64, now: Instant) {
+        let mut names = lock(&self.names);
+        let Some(a) = names
+            .get_mut(&name)
+            .and_then(|n| n.addrs.iter_mut().find(|a| a.addr == addr))
+        else {
+            return;
         };
-        entry.cursor = chosen + 1;
-        Some(addrs[chosen].addr)
+        if a.probing.is_some_and(|(id, _)| id == probe) {
+            a.probing = None;
+            a.ejected_until = now.checked_add(FIRST_EJECTION);
+        }
     }
 
     /// A failure attributed to `addr` of `name` at `now`: it is ejected,
@@ -242,7 +327,7 @@ impl ReplicaTable {
             self.struck.fetch_add(1, Ordering::Relaxed);
         }
         a.strikes = a.strikes.saturating_add(1);
-        a.probing = false;
+        a.probing = None;
         if others_in_service > 0 {
             let doubling = a.strikes.saturating_sub(1).min(16);
             let ejection = FIRST_EJECTION
@@ -268,7 +353,7 @@ impl ReplicaTable {
             return;
         };
         if let Some(a) = entry.addrs.iter_mut().find(|a| a.addr == addr) {
-            if a.strikes > 0 || a.probing {
+            if a.strikes > 0 || a.probing.is_some() {
                 if a.strikes > 0 {
                     self.struck.fetch_sub(1, Ordering::Relaxed);
                 }

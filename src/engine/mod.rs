@@ -45,7 +45,7 @@ pub use options::RequestOptions;
 pub use outcome::{AttemptContext, Outcome};
 pub(crate) use outcome::{Elsewhere, Signal, Verdict};
 pub use policy::RetryPolicy;
-pub(crate) use policy::{Rng, Settings};
+pub(crate) use policy::{Replicas, Rng, Settings};
 pub use run::{retry, retry_in};
 pub(crate) use run::{Attempt, Run};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

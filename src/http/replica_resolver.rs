@@ -27,21 +27,35 @@
 //! before any response does not. reqwest resolves a name when it opens a
 //! new connection, inside the future of the request that needs it, so the
 //! resolver reads a task-local slot the attempt set up and writes there the
-//! one address it handed out. A request that reused a pooled connection
-//! and failed before an answer is not attributed (its host still is). While
-//! an address of a name is out of service, the attempts to that name ask
-//! for `Connection: close`, so that no pooled connection leads back to it;
-//! keep-alive resumes once every address is healthy.
+//! addresses it handed out, in the order hyper tries them. Every address
+//! is handed out (healthy ones first), so a refused connection falls
+//! through to the next address inside one attempt, as without the
+//! resolver. A failure before any answer is attributed to the first
+//! address handed out, the one hyper tried first; a connection refused on
+//! every address, to each of them. A request that reused a pooled
+//! connection and failed before an answer is not attributed (its host
+//! still is). While an address of a name is out of service, the attempts
+//! to that name ask for `Connection: close`, so that no pooled connection
+//! leads back to it; keep-alive resumes once every address is healthy.
+//!
+//! # Ports
+//!
+//! Addresses are kept and compared as the connection used them: a system
+//! look-up answers without a port, and the URL's port (else its scheme's
+//! default) is the one the connection goes to, as reqwest and hyper do.
+//! A pinned address keeps its own port unless the URL names one: the
+//! URL's port then applies to every pinned address (two pinned addresses
+//! that differ only by port are then one).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 use crate::decisions::NameKey;
-use crate::engine::{Elsewhere, RetryPolicy};
+use crate::engine::{Clock, Elsewhere, Replicas, RetryPolicy};
 use crate::signals::{transport_failure, TransportFailure};
 use crate::vocabulary::{lock, BoxFuture};
 
@@ -56,14 +70,21 @@ tokio::task_local! {
 /// so that the attempt loop's future carries nothing for it.
 pub(super) struct Watch {
     host: NameKey,
+    /// The port the URL names, or its scheme's default, and whether the
+    /// URL names it: what a looked-up address's port becomes.
+    port: Option<(u16, bool)>,
     state: Mutex<Seen>,
 }
 
 /// What a watched call has seen so far.
 #[derive(Default)]
 struct Seen {
-    /// The address the resolver gave the current attempt's connection.
-    given: Option<SocketAddr>,
+    /// The addresses the resolver gave the current attempt's connection,
+    /// in the order hyper tries them.
+    given: Vec<SocketAddr>,
+    /// The probes the current attempt's connections went out as: each
+    /// ends when the attempt does, whatever becomes of it.
+    probes: Vec<Probe>,
     /// The address each attempt went to, for the report: the first
     /// inline, so a call of one attempt allocates nothing for it.
     first: Option<SocketAddr>,
@@ -96,13 +117,40 @@ impl Seen {
 pub struct ReplicaResolver {
     policy: RetryPolicy,
     pinned: Arc<HashMap<String, Vec<SocketAddr>>>,
+    /// Where names that are not pinned resolve: the system resolver when
+    /// `None`.
+    lookup: Option<Arc<dyn Resolve>>,
 }
 
 impl fmt::Debug for ReplicaResolver {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplicaResolver")
             .field("pinned", &self.pinned)
+            .field(
+                "lookup",
+                &self.lookup.as_ref().map_or("system", |_| "custom"),
+            )
             .finish_non_exhaustive()
+    }
+}
+
+/// A probe of an ejected address, under way in an attempt: it ends when
+/// dropped (the attempt ended, was dropped by its caller, or lost a hedge
+/// race), unless a verdict on the address ended it first.
+struct Probe {
+    replicas: Arc<Replicas>,
+    clock: Arc<dyn Clock>,
+    host: NameKey,
+    addr: SocketAddr,
+    id: u64,
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let now = self.clock.now();
+        self.replicas
+            .table
+            .probe_ended_at(self.host, self.addr, self.id, now);
     }
 }
 
@@ -118,6 +166,7 @@ impl RetryPolicy {
         ReplicaResolver {
             policy: self.clone(),
             pinned: Arc::default(),
+            lookup: None,
         }
     }
 }
@@ -131,6 +180,25 @@ impl ReplicaResolver {
         Arc::make_mut(&mut self.pinned).insert(pin_key(name), addrs.to_vec());
         self
     }
+
+    /// Resolves names that are not pinned through `resolver` (another
+    /// `reqwest` resolver: hickory-dns, service discovery, a test's)
+    /// instead of the system resolver. Its answers are read as the system
+    /// resolver's are: an address without a port (port 0) takes the URL's.
+    #[must_use]
+    pub fn lookup_with(mut self, resolver: impl Resolve + 'static) -> Self {
+        self.lookup = Some(Arc::new(resolver));
+        self
+    }
+}
+
+/// The address a connection to `addr` really goes to: the URL's port when
+/// the URL names one or the look-up gave none, as hyper sets it.
+fn effective(addr: SocketAddr, port: Option<(u16, bool)>) -> SocketAddr {
+    match port {
+        Some((port, explicit)) if explicit || addr.port() == 0 => SocketAddr::new(addr.ip(), port),
+        _ => addr,
+    }
 }
 
 /// A pinned name's key: lowercase, without a trailing dot.
@@ -141,24 +209,51 @@ fn pin_key(name: &str) -> String {
 impl Resolve for ReplicaResolver {
     fn resolve(&self, name: Name) -> Resolving {
         // Read now, inside the request's task: the future may be polled
-        // elsewhere.
-        let watch = WATCH.try_with(Arc::clone).ok();
+        // elsewhere. Held weakly, so that a connection still being made
+        // after its call ended does not keep the call's probes alive.
         let host = name.as_str().to_owned();
+        let key = self.policy.replicas.table.key(&host);
+        let watch = WATCH
+            .try_with(|w| (w.host == key).then(|| Arc::downgrade(w)))
+            .ok()
+            .flatten();
+        let port = watch.as_ref().and_then(Weak::upgrade).and_then(|w| w.port);
         let pinned = self.pinned.get(&pin_key(&host)).cloned();
+        let lookup = self.lookup.clone();
         let policy = self.policy.clone();
         Box::pin(async move {
-            let resolved: Vec<SocketAddr> = match pinned {
-                Some(addrs) => addrs,
-                None => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
+            let looked_up: Vec<SocketAddr> = match (pinned, lookup) {
+                (Some(addrs), _) => addrs,
+                (None, Some(lookup)) => lookup.resolve(name).await?.collect(),
+                (None, None) => tokio::net::lookup_host((host.as_str(), 0)).await?.collect(),
             };
-            let now = policy.clock.now();
-            let Some(chosen) = policy.replicas.table.pick(&host, &resolved, now) else {
-                return Err(format!("{host} resolved to no address").into());
-            };
-            if let Some(watch) = watch {
-                lock(&watch.state).given = Some(chosen);
+            let mut resolved: Vec<SocketAddr> = Vec::with_capacity(looked_up.len());
+            for addr in looked_up {
+                let addr = effective(addr, port);
+                if !resolved.contains(&addr) {
+                    resolved.push(addr);
+                }
             }
-            let addrs: Addrs = Box::new(std::iter::once(chosen));
+            let watch = watch.as_ref().and_then(Weak::upgrade);
+            let now = policy.clock.now();
+            let table = &policy.replicas.table;
+            let (order, probe) = table.order_at(key, &resolved, now, watch.is_some());
+            if order.is_empty() {
+                return Err(format!("{host} resolved to no address").into());
+            }
+            if let Some(watch) = watch {
+                let probe = probe.map(|id| Probe {
+                    replicas: Arc::clone(&policy.replicas),
+                    clock: Arc::clone(&policy.clock),
+                    host: key,
+                    addr: order[0],
+                    id,
+                });
+                let mut seen = lock(&watch.state);
+                seen.given.clone_from(&order);
+                seen.probes.extend(probe);
+            }
+            let addrs: Addrs = Box::new(order.into_iter());
             Ok(addrs)
         })
     }
@@ -169,8 +264,12 @@ impl Watch {
     /// is read by a resolver and the request names a host.
     pub(super) fn of(policy: &RetryPolicy, request: &reqwest::Request) -> Option<Arc<Watch>> {
         let table = policy.replicas.in_use()?;
+        let url = request.url();
         Some(Arc::new(Watch {
-            host: table.key(request.url().host_str()?),
+            host: table.key(url.host_str()?),
+            port: url
+                .port_or_known_default()
+                .map(|p| (p, url.port().is_some())),
             state: Mutex::default(),
         }))
     }
@@ -197,7 +296,9 @@ impl Watch {
             .try_with(|watch| {
                 {
                     let mut seen = lock(&watch.state);
-                    seen.given = None;
+                    seen.given.clear();
+                    // A probe of the attempt before ends with it.
+                    seen.probes.clear();
                     seen.attempts += 1;
                     if seen.attempts > 1 {
                         seen.rest.push(None);
@@ -256,17 +357,22 @@ impl Watch {
         policy: &RetryPolicy,
         result: &reqwest_middleware::Result<reqwest::Response>,
     ) -> Option<Elsewhere> {
-        let addr = {
+        // The attempt's probes end when this returns, whatever it says:
+        // a verdict on a probed address ends its probe first.
+        let (addr, given, _probes) = {
             let mut seen = lock(&self.state);
+            let given = std::mem::take(&mut seen.given);
+            let probes = std::mem::take(&mut seen.probes);
             let addr = match result {
-                Ok(r) => r.remote_addr().or(seen.given),
-                Err(_) => seen.given,
+                Ok(r) => r.remote_addr().or(given.first().copied()),
+                Err(_) => given.first().copied(),
             };
             if let Some(slot) = seen.current() {
                 *slot = addr;
             }
-            addr?
+            (addr?, given, probes)
         };
+        let mut refused_everywhere = false;
         let failure = match result {
             Ok(r) => {
                 let status = r.status().as_u16();
@@ -278,9 +384,12 @@ impl Watch {
                 (status >= 500).then_some(Elsewhere::AfterBackoff)
             }
             Err(e) => match transport_failure(e) {
-                TransportFailure::Connect | TransportFailure::Interrupted => {
+                // hyper tried every address handed out before giving up.
+                TransportFailure::Connect => {
+                    refused_everywhere = true;
                     Some(Elsewhere::AtOnce)
                 }
+                TransportFailure::Interrupted => Some(Elsewhere::AtOnce),
                 TransportFailure::Timeout => Some(Elsewhere::AfterBackoff),
                 TransportFailure::TlsRejected | TransportFailure::Other => return None,
             },
@@ -291,7 +400,13 @@ impl Watch {
             return None;
         };
         let now = policy.clock.now();
-        table.failed_at(self.host, addr, now);
+        if refused_everywhere {
+            for a in &given {
+                table.failed_at(self.host, *a, now);
+            }
+        } else {
+            table.failed_at(self.host, addr, now);
+        }
         table
             .healthy_besides_at(self.host, addr, now)
             .then_some(how)

@@ -19,6 +19,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 use replicas::read_head;
 
 pub mod canned;
+pub mod hosts;
 pub mod payments;
 pub mod replicas;
 pub mod spans;
@@ -121,7 +122,7 @@ pub async fn faulty_server(fault: Fault) -> (SocketAddr, Arc<AtomicUsize>) {
             };
             let seen = seen.clone();
             tokio::spawn(async move {
-                if !read_head(&mut socket).await {
+                if read_head(&mut socket).await.is_none() {
                     return;
                 }
                 seen.fetch_add(1, Ordering::SeqCst);
@@ -179,7 +180,7 @@ pub async fn scripted_server(responses: Vec<String>) -> SocketAddr {
             let n = served.fetch_add(1, Ordering::SeqCst);
             let response = responses[n.min(responses.len() - 1)].clone();
             tokio::spawn(async move {
-                if read_head(&mut socket).await {
+                if read_head(&mut socket).await.is_some() {
                     let _ = socket.write_all(response.as_bytes()).await;
                     let _ = socket.shutdown().await;
                 }

@@ -2,7 +2,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::{ReplicaTable, FIRST_EJECTION, MAX_EJECTION, MAX_NAMES};
+use super::{ReplicaTable, FIRST_EJECTION, MAX_ADDRS, MAX_EJECTION, MAX_NAMES};
 
 fn three() -> Vec<SocketAddr> {
     ["127.0.0.1:80", "127.0.0.2:80", "127.0.0.3:80"]
@@ -138,4 +138,99 @@ fn an_address_of_another_name_is_no_replica_of_this_one() {
     t.failed("svc", stranger, now);
     assert!(!t.healthy_besides("svc", stranger, now));
     assert!(!t.degraded("svc", now));
+}
+
+#[test]
+fn every_address_is_ordered_healthy_first_in_turn_and_the_failed_last() {
+    let (t, addrs, now) = (ReplicaTable::default(), three(), Instant::now());
+    let first = t.order("svc", &addrs, now);
+    assert_eq!(first.len(), 3);
+    // In turn: each order starts one address further.
+    let second = t.order("svc", &addrs, now);
+    assert_ne!(first[0], second[0]);
+    t.failed("svc", addrs[1], now);
+    for _ in 0..6 {
+        let order = t.order("svc", &addrs, now);
+        assert_eq!(order.len(), 3, "{order:?}");
+        assert_eq!(order[2], addrs[1], "{order:?}");
+    }
+}
+
+#[test]
+fn a_due_probe_comes_first_and_ends_only_by_its_own_number() {
+    let (t, addrs, now) = (ReplicaTable::default(), three(), Instant::now());
+    let k = t.key("svc");
+    t.order("svc", &addrs, now);
+    t.failed("svc", addrs[0], now);
+    let due = now + FIRST_EJECTION;
+    let (order, probe) = t.order_at(k, &addrs, due, true);
+    assert_eq!(order[0], addrs[0]);
+    let probe = probe.expect("a probe");
+    // Under way: not probed twice, and last in every other order.
+    assert_eq!(t.order_at(k, &addrs, due, true).1, None);
+    assert_eq!(t.order("svc", &addrs, due)[2], addrs[0]);
+    // Another probe's end leaves this one alone; its own end makes the
+    // address due again a first ejection later.
+    t.probe_ended_at(k, addrs[0], probe + 1, due);
+    assert_eq!(t.order_at(k, &addrs, due, true).1, None);
+    t.probe_ended_at(k, addrs[0], probe, due);
+    let later = due + FIRST_EJECTION;
+    assert_eq!(
+        t.order_at(k, &addrs, later - Duration::from_millis(1), true)
+            .1,
+        None
+    );
+    let (order, again) = t.order_at(k, &addrs, later, true);
+    assert_eq!((order[0], again.is_some()), (addrs[0], true));
+}
+
+#[test]
+fn a_probe_nobody_ends_lapses() {
+    let (t, addrs, now) = (ReplicaTable::default(), three(), Instant::now());
+    let k = t.key("svc");
+    t.order("svc", &addrs, now);
+    t.failed("svc", addrs[0], now);
+    let due = now + FIRST_EJECTION;
+    assert!(t.order_at(k, &addrs, due, true).1.is_some());
+    let lapsed = due + MAX_EJECTION;
+    let (order, probe) = t.order_at(k, &addrs, lapsed, true);
+    assert_eq!((order[0], probe.is_some()), (addrs[0], true));
+}
+
+#[test]
+fn a_look_up_without_a_probe_owner_probes_nothing() {
+    let (t, addrs, now) = (ReplicaTable::default(), three(), Instant::now());
+    let k = t.key("svc");
+    t.order("svc", &addrs, now);
+    t.failed("svc", addrs[0], now);
+    let due = now + FIRST_EJECTION;
+    let (order, probe) = t.order_at(k, &addrs, due, false);
+    assert_eq!(probe, None);
+    assert_eq!(order[2], addrs[0]);
+}
+
+#[test]
+fn each_port_keeps_its_own_addresses() {
+    let (t, now) = (ReplicaTable::default(), Instant::now());
+    let on = |port: u16| -> Vec<SocketAddr> {
+        three()
+            .iter()
+            .map(|a| SocketAddr::new(a.ip(), port))
+            .collect()
+    };
+    t.order("svc", &on(80), now);
+    t.failed("svc", on(80)[0], now);
+    // A look-up for another port replaces nothing of port 80's.
+    t.order("svc", &on(8080), now);
+    assert!(t.degraded("svc", now));
+    assert_eq!(t.order("svc", &on(80), now)[2], on(80)[0]);
+}
+
+#[test]
+fn a_name_keeps_at_most_its_bound_of_addresses() {
+    let (t, now) = (ReplicaTable::default(), Instant::now());
+    let many: Vec<SocketAddr> = (0..MAX_ADDRS as u16 + 10)
+        .map(|i| SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 80)))
+        .collect();
+    assert_eq!(t.order("svc", &many, now).len(), MAX_ADDRS);
 }
