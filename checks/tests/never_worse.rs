@@ -26,7 +26,8 @@
 //! Transport errors (a reset, a refused connection) are not scripted here:
 //! a real socket under a paused clock lets tokio jump the clock while the
 //! socket is pending; `from_reqwest_retry.rs` and `classification.rs` run
-//! them over real sockets.
+//! them over real sockets, and `never_worse/dead_address.rs` compares a
+//! name with dead addresses over real sockets.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -42,6 +43,9 @@ use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport, RetryReportExt, StopReason};
 use tokio::time::Instant;
+
+#[path = "never_worse/dead_address.rs"]
+mod dead_address;
 
 /// The slack the issue allows on every call.
 const SLACK: Duration = Duration::from_millis(100);

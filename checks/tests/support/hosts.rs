@@ -3,6 +3,7 @@
 //! The lines are added when missing and removed again when the guard
 //! drops; the tests run as root (as CI does), and say so plainly when the
 //! file cannot be written.
+#![allow(dead_code, unreachable_pub)]
 
 use std::fs;
 
