@@ -102,17 +102,21 @@ impl Seen {
     }
 }
 
-/// A `reqwest` DNS resolver that sends each new connection to one healthy
-/// address of its name, as the policy's [`crate::ReplicaTable`] says: an
-/// address that failed recently gets no new connection while another is
-/// healthy, and is probed now and then until it recovers; never all of a
-/// name's addresses are out of service.
+/// A `reqwest` DNS resolver that hands each new connection every address
+/// of its name in the order the policy's [`crate::ReplicaTable`] gives: a
+/// due probe first, the healthy addresses in turn, the ones that failed
+/// recently last, so that hyper connects to a healthy one and falls
+/// through to the next when a connection is refused. An address that
+/// failed is probed now and then until it recovers; never all of a name's
+/// addresses are out of service.
 ///
 /// Obtain it from [`RetryPolicy::replica_resolver`] and install it with
 /// `reqwest::ClientBuilder::dns_resolver`. Names resolve through the
-/// system resolver (as reqwest does by default), or to a fixed list given
-/// with [`ReplicaResolver::pin`]. Without it nothing changes: addresses
-/// are neither chosen nor attributed.
+/// system resolver (as reqwest does by default, again for each new
+/// connection), to a fixed list given with [`ReplicaResolver::pin`], or
+/// through another resolver given with [`ReplicaResolver::lookup_with`].
+/// Without it nothing changes: addresses are neither chosen nor
+/// attributed.
 #[derive(Clone)]
 pub struct ReplicaResolver {
     policy: RetryPolicy,
