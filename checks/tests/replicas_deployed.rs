@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Clock, ManualClock, ReportSlot, RetryMiddleware, RetryPolicy, StopReason,
+    Clock, HedgeConfig, ManualClock, ReportSlot, RetryMiddleware, RetryPolicy, StopReason,
 };
 use support::replicas::{
     dead, replicas, Lookup, Replica, ANSWERS_503, HANGS, HEALTHY, RESETS, RESETS_ONCE,
@@ -235,6 +235,60 @@ async fn a_dropped_probe_ends_and_the_recovered_replica_gets_traffic_back() {
     }
     assert!(
         servers[0].requests() > ejected + 2,
+        "the recovered replica got {:?}",
+        requests(&servers)
+    );
+    assert!(!policy.replicas().degraded("svc.test", clock.now()));
+}
+
+/// The probe goes out as the first copy of a hedged GET and hangs; the
+/// hedge, sent to another address, wins the race and the probe's copy is
+/// dropped: the probe ends with its attempt, and the recovered replica is
+/// probed again and gets its traffic back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_loses_a_hedge_race_ends() {
+    let (addrs, servers) = replicas().await;
+    let port = addrs[0].port();
+    let lookup = Lookup::new(&ips(&addrs));
+    let clock = ManualClock::new();
+    // On the manual clock every latency is 0 and the hedge delay is not
+    // slept: once a sample is on record, every GET is hedged at once.
+    let hedge = HedgeConfig {
+        min_samples: 1,
+        max_extra_load: 1.0,
+        ..HedgeConfig::default()
+    };
+    let policy = RetryPolicy::builder()
+        .manual_clock(&clock)
+        .seed(7)
+        .hedge(hedge)
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = through(&policy, &lookup, true);
+    let url = format!("http://svc.test:{port}/items");
+
+    servers[0].set(RESETS);
+    for _ in 0..6 {
+        assert_eq!(get(&client, &url).await.0, 200);
+    }
+    servers[0].set(HANGS);
+    clock.advance(Duration::from_secs(31));
+    let before = requests(&servers);
+    let slot = ReportSlot::new();
+    let r = client.get(&url).with_extension(slot.clone()).send().await;
+    assert_eq!(r.unwrap().status(), 200);
+    let report = slot.take().unwrap();
+    assert_eq!((report.hedges(), report.hedge_wins()), (1, 1), "{report:?}");
+    assert_eq!(requests(&servers)[0], before[0] + 1, "the probe went out");
+
+    servers[0].set(HEALTHY);
+    clock.advance(Duration::from_secs(2));
+    for _ in 0..30 {
+        assert_eq!(get(&client, &url).await.0, 200);
+    }
+    assert!(
+        requests(&servers)[0] > before[0] + 2,
         "the recovered replica got {:?}",
         requests(&servers)
     );
