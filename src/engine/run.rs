@@ -204,27 +204,29 @@ pub(crate) struct Run<'p> {
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
-    /// Whether the operation is a call to a host (an HTTP request), whose
-    /// published series are labelled by its partition's host.
+    /// The host an HTTP call is sent to (its URL's partition's digest),
+    /// whose published series count it whatever partition admits it; 0
+    /// for another operation.
     #[cfg(feature = "metrics")]
-    by_host: bool,
+    host: u64,
     pub(crate) report: RetryReport,
 }
 
 impl<'p> Run<'p> {
-    /// Starts an operation on `partition`; `url`, for an HTTP call, names
-    /// the host its published series are labelled with.
+    /// Starts an operation on `partition`; `to`, for an HTTP call, is the
+    /// host it is sent to ([`Partition::of_url`] of its URL) and the URL
+    /// that names that host's published series.
     pub(crate) fn start(
         policy: &'p RetryPolicy,
         limits: Limits,
         partition: Partition,
-        url: Option<&reqwest::Url>,
+        to: Option<(Partition, &reqwest::Url)>,
     ) -> Self {
         let now = policy.clock.now();
         // A call made while serving a request ends when its caller stops waiting.
         let limits = deadline::bound(limits);
-        let host = if url.is_some() { partition.id() } else { 0 };
-        policy.metrics.call_started(host, url);
+        let host = to.map_or(0, |(host, _)| host.id());
+        policy.metrics.call_started(host, to.map(|(_, url)| url));
         policy.admission.first_attempt(partition, now);
         Run {
             policy,
@@ -240,7 +242,7 @@ impl<'p> Run<'p> {
             route: Route::WHOLE,
             traced: false,
             #[cfg(feature = "metrics")]
-            by_host: url.is_some(),
+            host,
             report: RetryReport {
                 partition,
                 ..RetryReport::new()
@@ -321,13 +323,12 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// The host the operation's counters are published for: its
-    /// partition's digest for a call to a host, 0 for another operation.
+    /// The host the operation's counters are published for: the one a
+    /// call to a host is sent to, 0 for another operation.
     pub(super) fn host(&self) -> u64 {
         #[cfg(feature = "metrics")]
-        if self.by_host {
-            return self.report.partition.id();
-        }
+        return self.host;
+        #[cfg(not(feature = "metrics"))]
         0
     }
 

@@ -124,9 +124,7 @@ impl Middleware for RetryMiddleware {
             if !breaker.allow(partition, policy.clock.now()) {
                 // Refused locally and at once: no attempt, no retry; a
                 // handler's inbound layer answers its caller "do not retry".
-                policy
-                    .metrics
-                    .circuit_refused(partition.id(), request.url());
+                policy.metrics.circuit_refused(host.id(), request.url());
                 deadline::note_stop(StopReason::CircuitOpen, 0);
                 let mut report = RetryReport::new();
                 report.attempts = 0;
@@ -153,7 +151,8 @@ impl Middleware for RetryMiddleware {
                 .first_attempt(config, partition, policy.clock.now());
         }
         let watch = attempt::watch_of(policy, &request);
-        let mut run = Run::start(policy, limits, partition, Some(request.url()));
+        // Counted under the host it is sent to, whatever admits it.
+        let mut run = Run::start(policy, limits, partition, Some((host, request.url())));
         run.route = route;
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
@@ -171,6 +170,7 @@ impl Middleware for RetryMiddleware {
                 Box::new(Hedging {
                     config,
                     partition,
+                    host: host.id(),
                     route,
                     sent: AtomicU32::new(0),
                     won: AtomicU32::new(0),
