@@ -60,10 +60,13 @@ tokio::task_local! {
 /// the handler builds its outgoing requests itself and the extensions of
 /// the incoming one never reach them.
 ///
-/// A call that starts with no time left at all still makes its one
-/// attempt, with a zero timeout: it fails at once as a timeout, and if the
-/// request leaves before the timer fires it says `Request-Timeout-Ms: 0`,
-/// which the receiving layer answers without running its handler.
+/// A call that starts with less time left than an attempt's window (the
+/// policy's `min_attempt_window`), none at all included, sends nothing: an
+/// HTTP call ends at once with the `deadline` stop reason and a
+/// [`crate::RetryError`] whose `is_timeout()` is true, and the scope notes
+/// the give-up. Not even a request with a zero timeout goes: reqwest's
+/// timer may fire after the request left, and a payment API without our
+/// inbound layer would run a POST nobody waits for.
 ///
 /// A task-local belongs to the task: work the handler **spawns** onto
 /// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
@@ -264,6 +267,15 @@ pub(crate) struct Limits {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
+}
+
+impl Limits {
+    /// Whether a call starting now with these limits (bounded by
+    /// [`bound`]) has no room for one attempt of `window`: then nothing
+    /// is sent.
+    pub(crate) fn leave_no_room(&self, window: Duration) -> bool {
+        self.deadline.is_some_and(|left| left < window)
+    }
 }
 
 /// The shorter of two optional limits; `None` is no limit.

@@ -87,7 +87,8 @@ where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let mut run = Run::start(policy, Limits::from(policy), partition, None);
+    let limits = deadline::bound(Limits::from(policy));
+    let mut run = Run::start(policy, limits, partition, None);
     let span = operation_span();
     run.traced = !span.is_disabled();
     run.drive(&mut Closure(op)).instrument(span).await
@@ -213,9 +214,10 @@ pub(crate) struct Run<'p> {
 }
 
 impl<'p> Run<'p> {
-    /// Starts an operation on `partition`; `to`, for an HTTP call, is the
-    /// host it is sent to ([`Partition::of_url`] of its URL) and the URL
-    /// that names that host's published series.
+    /// Starts an operation on `partition`, with `limits` already bounded
+    /// by the inherited deadline ([`deadline::bound`]); `to`, for an HTTP
+    /// call, is the host it is sent to ([`Partition::of_url`] of its URL)
+    /// and the URL that names that host's published series.
     pub(crate) fn start(
         policy: &'p RetryPolicy,
         limits: Limits,
@@ -223,8 +225,6 @@ impl<'p> Run<'p> {
         to: Option<(Partition, &reqwest::Url)>,
     ) -> Self {
         let now = policy.clock.now();
-        // A call made while serving a request ends when its caller stops waiting.
-        let limits = deadline::bound(limits);
         let host = to.map_or(0, |(host, _)| host.id());
         policy.metrics.call_started(host, to.map(|(_, url)| url));
         policy.admission.first_attempt(partition, now);
