@@ -142,8 +142,10 @@ async fn a_spawned_task_inherits_only_what_it_is_given() {
         .await;
 }
 
+/// The generic engine has no value to return without its operation: it
+/// calls it once, and the operation sees that no time is left.
 #[tokio::test(start_paused = true)]
-async fn a_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
+async fn a_generic_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
     let policy = RetryPolicy::default();
     let scope = InheritedDeadline::after(ms(100));
     let (seen, report) = scope

@@ -66,7 +66,11 @@ tokio::task_local! {
 /// [`crate::RetryError`] whose `is_timeout()` is true, and the scope notes
 /// the give-up. Not even a request with a zero timeout goes: reqwest's
 /// timer may fire after the request left, and a payment API without our
-/// inbound layer would run a POST nobody waits for.
+/// inbound layer would run a POST nobody waits for. The generic
+/// [`crate::retry`] has no value to return without its operation: it
+/// still calls it once, with `ctx.timeout()` the time left (zero when
+/// none), and an operation that must not start without time checks
+/// `ctx.time_left()` itself.
 ///
 /// A task-local belongs to the task: work the handler **spawns** onto
 /// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
