@@ -320,7 +320,7 @@ fn host_labels_are_bounded_by_the_admissions_partitions() {
 /// Every series carries the host a request was sent to, whatever
 /// partition its admission used: a call to host-b admitted under host-a's
 /// partition, or under a name two hosts share, is host-b's (its call, its
-/// retry, its attempts, each attempt's duration).
+/// retry, its attempts, each attempt's duration, its hedge).
 #[test]
 fn series_label_the_host_sent_to_not_the_partition() {
     let recorder = DebuggingRecorder::new();
@@ -350,6 +350,25 @@ fn series_label_the_host_sent_to_not_the_partition() {
                 let r = client.get(url).with_extension(options).send().await;
                 assert_eq!(r.unwrap().status(), 200, "{url}");
             }
+            // Hedged: host-f's first copy never answers, its hedge does.
+            let hedging = RetryPolicy::builder()
+                .manual_clock(&clock)
+                .hedge(HedgeConfig {
+                    min_samples: 1,
+                    max_extra_load: 1.0,
+                    ..HedgeConfig::default()
+                })
+                .build()
+                .unwrap();
+            let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(RetryMiddleware::new(hedging))
+                .with(SecondNeverAnswers::default())
+                .build();
+            let hedged = RequestOptions::new().partition(Partition::named("hedged"));
+            for url in ["http://host-e.test/", "http://host-f.test/"] {
+                let r = stalls.get(url).with_extension(hedged.clone()).send().await;
+                assert_eq!(r.unwrap().status(), 200, "{url}");
+            }
         });
     });
     // Samples (a counter's count, a histogram's values) by host and name.
@@ -372,6 +391,8 @@ fn series_label_the_host_sent_to_not_the_partition() {
             names::RETRIES,
             names::ATTEMPTS,
             names::REQUEST_DURATION,
+            names::HEDGES,
+            names::HEDGE_WINS,
         ]
         .into_iter()
         .find(|name| *name == key.key().name());
@@ -380,14 +401,17 @@ fn series_label_the_host_sent_to_not_the_partition() {
         }
     }
     let mut expected = HashMap::new();
-    for host in ["host-a.test", "host-b.test", "host-c.test", "host-d.test"] {
+    let hosts = ["a", "b", "c", "d", "e", "f"].map(|h| format!("host-{h}.test"));
+    for host in hosts {
         for name in [names::CALLS, names::ATTEMPTS, names::REQUEST_DURATION] {
-            expected.insert((host.to_owned(), name), 1);
+            expected.insert((host.clone(), name), 1);
         }
     }
     // host-b's 503 and its 200: two attempts timed, one retry.
     expected.insert(("host-b.test".to_owned(), names::REQUEST_DURATION), 2);
     expected.insert(("host-b.test".to_owned(), names::RETRIES), 1);
+    expected.insert(("host-f.test".to_owned(), names::HEDGES), 1);
+    expected.insert(("host-f.test".to_owned(), names::HEDGE_WINS), 1);
     assert_eq!(seen, expected);
 }
 
