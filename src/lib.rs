@@ -152,8 +152,9 @@ pub use decisions::{
 #[cfg(feature = "metrics")]
 pub use engine::{describe_metrics, names as metric_names};
 pub use engine::{
-    retry, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline, ManualClock, Metrics,
-    MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper, SystemClock, TokioSleeper,
+    retry, retry_if_time, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline,
+    ManualClock, Metrics, MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper,
+    SystemClock, TokioSleeper,
 };
 // HTTP.
 pub use http::{

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use reqwest_safe_retry::{
-    retry, InheritedDeadline, Jitter, ManualClock, Outcome, RequestOptions, RetryError,
-    RetryPolicy, RetryReport, StopReason,
+    retry, retry_if_time, InheritedDeadline, Jitter, ManualClock, Outcome, Partition,
+    RequestOptions, RetryError, RetryPolicy, RetryReport, StopReason,
 };
 use support::{client, ms, policy};
 use wiremock::ResponseTemplate;
@@ -161,6 +161,39 @@ async fn a_generic_call_that_starts_with_no_time_left_makes_one_attempt_with_non
     assert_eq!(seen, Some(Duration::ZERO));
     assert_eq!(report.attempts(), 1);
     assert_eq!(report.stop_reason(), StopReason::Deadline);
+}
+
+/// `retry_if_time` does not call a generic operation that has no room for
+/// an attempt (no time at all, or less than the window); with room, it
+/// runs as `retry_in` does.
+#[tokio::test(start_paused = true)]
+async fn the_generic_engine_runs_nothing_without_room_when_asked() {
+    let policy = RetryPolicy::default(); // an attempt's window: 100 ms
+    let mut runs = 0;
+    for left in [Duration::ZERO, ms(99)] {
+        let scope = InheritedDeadline::after(left);
+        let op = |_| {
+            runs += 1;
+            async { Outcome::success(()) }
+        };
+        let call = retry_if_time(&policy, Partition::named("db"), op);
+        let (value, report) = scope.clone().scope(call).await;
+        assert_eq!(value, None, "{left:?}");
+        assert_eq!(report.attempts(), 0);
+        assert_eq!(report.stop_reason(), StopReason::Deadline);
+        assert_eq!(report.partition(), Partition::named("db"));
+        assert_eq!(scope.gave_up(), Some(StopReason::Deadline));
+    }
+    assert_eq!(runs, 0);
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.calls, m.deadline_give_ups, m.final_failures), (2, 2, 2));
+    let room = InheritedDeadline::after(ms(100));
+    let call = retry_if_time(&policy, Partition::SINGLE, |ctx| async move {
+        Outcome::success(ctx.time_left())
+    });
+    let (value, report) = room.scope(call).await;
+    assert_eq!(value, Some(Some(ms(100))));
+    assert_eq!(report.stop_reason(), StopReason::Success);
 }
 
 /// A call with no room for an attempt sends nothing: its deadline,

@@ -247,17 +247,17 @@ impl Metrics {
         let _ = (host, url);
     }
 
-    /// A call to `host` sent to `url` was refused with no room left for
-    /// an attempt before its deadline: a call started, given up for the
-    /// deadline, with no attempt.
-    pub(crate) fn deadline_refused(&self, host: u64, url: &reqwest::Url) {
+    /// A call to `host` sent to `url` (0 and `None`: an operation with no
+    /// host) was refused with no room left for an attempt before its
+    /// deadline: a call started, given up for the deadline, with no attempt.
+    pub(crate) fn deadline_refused(&self, host: u64, url: Option<&reqwest::Url>) {
         self.counts.calls.fetch_add(1, Ordering::Relaxed);
         self.counts.final_failures.fetch_add(1, Ordering::Relaxed);
         self.counts
             .deadline_give_ups
             .fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
-        self.published.with(host, Some(url), |s| {
+        self.published.with(host, url, |s| {
             s.count(published::Count::Calls);
             s.count(published::Count::FinalFailures);
             s.count(published::Count::DeadlineGiveUps);

@@ -1,34 +1,6 @@
 //! The attempt loop, generic over any async operation whose outcome the
 //! caller classifies. The reqwest middleware is one adapter onto it.
 //!
-//! ```
-//! use std::time::Duration;
-//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy, StopReason};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let clock = ManualClock::new(); // no real sleeping in this example
-//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
-//!
-//! let mut calls = 0;
-//! let (value, report) = retry(&policy, |ctx| {
-//!     calls += 1;
-//!     async move {
-//!         // Reconnect to a database, call an RPC… and classify the outcome.
-//!         if ctx.attempt() < 3 {
-//!             Outcome::transient(Err("connection refused"))
-//!         } else {
-//!             Outcome::success(Ok(42))
-//!         }
-//!     }
-//! })
-//! .await;
-//! assert_eq!(value, Ok(42));
-//! assert_eq!(report.attempts(), 3);
-//! assert_eq!(report.stop_reason(), StopReason::Success);
-//! assert_eq!(report.delays(), clock.sleeps());
-//! # });
-//! ```
-//!
 //! Each turn of the loop, top to bottom: classify → is another attempt
 //! allowed → delay (which sees the server's hint) → does it fit the deadline
 //! → sleep → admission (which may wait, bounded by the deadline) → next.
@@ -92,6 +64,34 @@ where
     let span = operation_span();
     run.traced = !span.is_disabled();
     run.drive(&mut Closure(op)).instrument(span).await
+}
+
+/// [`retry_in`], for an operation that must not start without time for an
+/// attempt: when the deadline, its own or inherited
+/// ([`crate::InheritedDeadline`]), leaves less than the policy's
+/// `min_attempt_window`, `op` is not called, the value is `None` and the
+/// report says `deadline`, with no attempt (an example is in
+/// [`crate::InheritedDeadline`]). [`retry_in`] has no value to return
+/// without `op`, and calls it once even then.
+pub async fn retry_if_time<T, F, Fut>(
+    policy: &RetryPolicy,
+    partition: Partition,
+    mut op: F,
+) -> (Option<T>, RetryReport)
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    let limits = deadline::bound(Limits::from(policy));
+    if limits.leave_no_room(policy.settings.min_attempt_window) {
+        policy.metrics.deadline_refused(0, None);
+        return (None, deadline::refusal(StopReason::Deadline, partition));
+    }
+    let op = |ctx| {
+        let attempt = op(ctx);
+        async move { attempt.await.map(Some) }
+    };
+    retry_in(policy, partition, op).await
 }
 
 /// A generic call's limits: the policy's.

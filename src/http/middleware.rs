@@ -127,7 +127,9 @@ impl Middleware for RetryMiddleware {
             // timeout: reqwest's timer may fire after the request left.
             // Asked before the breaker, whose half-open probe it would
             // otherwise spend.
-            policy.metrics.deadline_refused(host.id(), request.url());
+            policy
+                .metrics
+                .deadline_refused(host.id(), Some(request.url()));
             let report = refusal(StopReason::Deadline, partition, key, extensions);
             return Box::pin(std::future::ready(Err(refused(report, DeadlineSpent))));
         }
@@ -313,10 +315,7 @@ fn refusal(
     key: Option<SharedKey>,
     extensions: &Extensions,
 ) -> RetryReport {
-    deadline::note_stop(reason, 0);
-    let mut report = RetryReport::new();
-    report.stop_reason = reason;
-    report.partition = partition;
+    let mut report = deadline::refusal(reason, partition);
     report.idempotency_key = key;
     if let Some(slot) = extensions.get::<ReportSlot>() {
         slot.fill(report.clone());
