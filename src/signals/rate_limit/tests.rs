@@ -251,11 +251,12 @@ fn a_repeated_parameter_is_its_last_value() {
 /// appeared, with its last value.
 #[test]
 fn the_parameters_of_the_rfcs_examples() {
-    let params = |field: &str| -> Option<Vec<Vec<(String, Option<u64>)>>> {
+    type Owned = Vec<(String, Option<u64>)>;
+    let params = |field: &str| -> Option<Vec<Owned>> {
         let owned = |p: Params<'_>| p.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         parse_list(field).map(|members| members.into_iter().map(owned).collect())
     };
-    let p = |pairs: &[(&str, Option<u64>)]| -> Vec<(String, Option<u64>)> {
+    let p = |pairs: &[(&str, Option<u64>)]| -> Owned {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
     };
     // §3.1: `Example-List: sugar, tea, rum`.
