@@ -91,7 +91,10 @@
 //!   this crate get `deadline = min(their own, the time left)`; a request
 //!   whose time is spent is answered `504` with `Stripe-Should-Retry:
 //!   false` without running the handler (work spawned onto another task
-//!   carries the scope explicitly, see [`InheritedDeadline`]);
+//!   carries the scope explicitly, see [`InheritedDeadline`]), and a call
+//!   the handler makes with less time left than `min_attempt_window` sends
+//!   nothing: it fails at once, `deadline`, with a [`RetryError`] whose
+//!   `is_timeout()` is true;
 //! - when such a call gives up, the service answers its caller with
 //!   `Stripe-Should-Retry: false` ([`GiveUp`]; the layer adds it to an
 //!   answer a client would retry), and the caller does not retry.
@@ -149,8 +152,9 @@ pub use decisions::{
 #[cfg(feature = "metrics")]
 pub use engine::{describe_metrics, names as metric_names};
 pub use engine::{
-    retry, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline, ManualClock, Metrics,
-    MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper, SystemClock, TokioSleeper,
+    retry, retry_if_time, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline,
+    ManualClock, Metrics, MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper,
+    SystemClock, TokioSleeper,
 };
 // HTTP.
 pub use http::{

@@ -6,8 +6,10 @@ mod support;
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use reqwest_safe_retry::{
-    retry, InheritedDeadline, Jitter, ManualClock, Outcome, RetryPolicy, RetryReport, StopReason,
+    retry, retry_if_time, InheritedDeadline, Jitter, ManualClock, Outcome, Partition,
+    RequestOptions, RetryError, RetryPolicy, RetryReport, StopReason,
 };
 use support::{client, ms, policy};
 use wiremock::ResponseTemplate;
@@ -140,8 +142,10 @@ async fn a_spawned_task_inherits_only_what_it_is_given() {
         .await;
 }
 
+/// The generic engine has no value to return without its operation: it
+/// calls it once, and the operation sees that no time is left.
 #[tokio::test(start_paused = true)]
-async fn a_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
+async fn a_generic_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
     let policy = RetryPolicy::default();
     let scope = InheritedDeadline::after(ms(100));
     let (seen, report) = scope
@@ -159,28 +163,89 @@ async fn a_call_that_starts_with_no_time_left_makes_one_attempt_with_none() {
     assert_eq!(report.stop_reason(), StopReason::Deadline);
 }
 
-/// reqwest's zero timeout fires at its first poll, before or after the
-/// request leaves (both happen): when it does leave, it says 0 ms, and a
-/// receiving `InheritDeadlineLayer` does not run it.
-#[tokio::test]
-async fn an_http_call_that_starts_with_no_time_left_fails_at_once_as_a_timeout() {
-    // Slower than the zero timeout takes to fire (a tick of tokio's timer).
-    let server = support::answering_with(ResponseTemplate::new(200).set_delay(ms(500))).await;
-    let clock = ManualClock::new();
-    let (c, recorder) = client(policy(&clock).build().unwrap());
-    let scope = InheritedDeadline::after(Duration::ZERO);
-    let (err, report) = scope
-        .scope(support::send_failing(c.get(server.uri())))
-        .await;
-    assert!(err.is_timeout(), "{err}");
-    assert_eq!(report.attempts(), 1);
-    assert_eq!(report.stop_reason(), StopReason::Deadline);
-    assert_eq!(recorder.timeouts(), [Some(Duration::ZERO)]);
-    assert_eq!(
-        recorder.header_values("request-timeout-ms"),
-        [Some("0".to_owned())]
-    );
-    for sent in server.received_requests().await.unwrap() {
-        assert_eq!(sent.headers["request-timeout-ms"], "0");
+/// `retry_if_time` does not call a generic operation that has no room for
+/// an attempt (no time at all, or less than the window); with room, it
+/// runs as `retry_in` does.
+#[tokio::test(start_paused = true)]
+async fn the_generic_engine_runs_nothing_without_room_when_asked() {
+    let policy = RetryPolicy::default(); // an attempt's window: 100 ms
+    let mut runs = 0;
+    for left in [Duration::ZERO, ms(99)] {
+        let scope = InheritedDeadline::after(left);
+        let op = |_| {
+            runs += 1;
+            async { Outcome::success(()) }
+        };
+        let call = retry_if_time(&policy, Partition::named("db"), op);
+        let (value, report) = scope.clone().scope(call).await;
+        assert_eq!(value, None, "{left:?}");
+        assert_eq!(report.attempts(), 0);
+        assert_eq!(report.stop_reason(), StopReason::Deadline);
+        assert_eq!(report.partition(), Partition::named("db"));
+        assert_eq!(scope.gave_up(), Some(StopReason::Deadline));
     }
+    assert_eq!(runs, 0);
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.calls, m.deadline_give_ups, m.final_failures), (2, 2, 2));
+    let room = InheritedDeadline::after(ms(100));
+    let call = retry_if_time(&policy, Partition::SINGLE, |ctx| async move {
+        Outcome::success(ctx.time_left())
+    });
+    let (value, report) = room.scope(call).await;
+    assert_eq!(value, Some(Some(ms(100))));
+    assert_eq!(report.stop_reason(), StopReason::Success);
+}
+
+/// A call with no room for an attempt sends nothing: its deadline,
+/// inherited or its own, is spent or shorter than the minimum attempt
+/// window. It ends at once, `deadline`, with a `RetryError` that is a
+/// timeout, and the scope notes the give-up (its layer then answers "do
+/// not retry"). Twenty at once, as a handler fanning out would make them.
+#[tokio::test]
+async fn a_call_without_room_for_an_attempt_sends_nothing() {
+    let server = support::answering_with(ResponseTemplate::new(200)).await;
+    let clock = ManualClock::new();
+    let p = policy(&clock).min_attempt_window(ms(100)).build().unwrap();
+    let (c, recorder) = client(p.clone());
+    // With room for its attempt, a call reaches the server; its connection
+    // stays open, where a zero timeout no longer stops a request leaving.
+    let room = InheritedDeadline::after(ms(150));
+    let sent = room.scope(c.get(server.uri()).send()).await.unwrap();
+    assert_eq!(sent.status(), 200);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    let handed_down = recorder.timeouts().len();
+    let spent = InheritedDeadline::after(Duration::ZERO);
+    let calls = (0..20).map(|_| support::send_failing(c.get(server.uri())));
+    let mut ended = spent.clone().scope(join_all(calls)).await;
+    // Time left, but less than an attempt's window: inherited, or its own.
+    let short = InheritedDeadline::after(ms(50));
+    ended.push(
+        short
+            .scope(support::send_failing(c.get(server.uri())))
+            .await,
+    );
+    let own = RequestOptions::new().deadline(ms(50));
+    ended.push(support::send_failing(c.post(server.uri()).with_extension(own)).await);
+    for (err, report) in &ended {
+        let refused = RetryError::from_middleware(err).expect("refused before it was sent");
+        assert!(refused.is_timeout(), "{err}");
+        assert_eq!(refused.report(), report);
+        assert_eq!(report.stop_reason(), StopReason::Deadline);
+        assert_eq!(report.attempts(), 0);
+        assert!(report.delays().is_empty());
+    }
+    assert_eq!(spent.gave_up(), Some(StopReason::Deadline));
+    assert_eq!(
+        recorder.timeouts().len(),
+        handed_down,
+        "nothing handed down"
+    );
+    // Counted as calls given up for the deadline, with no attempt.
+    let m = p.metrics().snapshot();
+    assert_eq!(
+        (m.calls, m.deadline_give_ups, m.final_failures),
+        (23, 22, 22)
+    );
+    assert_eq!(m.attempts_per_call.iter().sum::<u64>(), 1);
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
 }

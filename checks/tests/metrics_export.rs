@@ -17,8 +17,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use reqwest_middleware::{Middleware, Next};
 use reqwest_safe_retry::{
-    metric_names as names, AdaptiveConfig, HedgeConfig, ManualClock, MetricsSnapshot,
-    RetryMiddleware, RetryPolicy,
+    metric_names as names, AdaptiveConfig, HedgeConfig, ManualClock, MetricsSnapshot, Partition,
+    RequestOptions, RetryMiddleware, RetryPolicy,
 };
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -315,6 +315,126 @@ fn host_labels_are_bounded_by_the_admissions_partitions() {
     );
     assert_eq!(addresses.len(), BOUND + 1, "{addresses:?}");
     assert!(addresses.contains(names::OTHER_HOSTS));
+}
+
+/// Every series carries the host a request was sent to, whatever
+/// partition its admission used: a call to host-b admitted under host-a's
+/// partition, or under a name two hosts share, is host-b's (its call, its
+/// retry, its attempts, each attempt's duration, its hedge).
+#[test]
+fn series_label_the_host_sent_to_not_the_partition() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let clock = ManualClock::new();
+            let policy = RetryPolicy::builder().manual_clock(&clock).build().unwrap();
+            let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(RetryMiddleware::new(policy))
+                .with(FirstToHostBFails::default())
+                .build();
+            let host_a = Partition::of_url(&"http://host-a.test/".parse().unwrap());
+            let shared = Partition::named("shared");
+            for (url, partition) in [
+                ("http://host-a.test/", None),
+                ("http://host-b.test/", Some(host_a)),
+                ("http://host-c.test/", Some(shared)),
+                ("http://host-d.test/", Some(shared)),
+            ] {
+                let options = partition
+                    .map_or_else(RequestOptions::new, |p| RequestOptions::new().partition(p));
+                let r = client.get(url).with_extension(options).send().await;
+                assert_eq!(r.unwrap().status(), 200, "{url}");
+            }
+            // Hedged: host-f's first copy never answers, its hedge does.
+            let hedging = RetryPolicy::builder()
+                .manual_clock(&clock)
+                .hedge(HedgeConfig {
+                    min_samples: 1,
+                    max_extra_load: 1.0,
+                    ..HedgeConfig::default()
+                })
+                .build()
+                .unwrap();
+            let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(RetryMiddleware::new(hedging))
+                .with(SecondNeverAnswers::default())
+                .build();
+            let hedged = RequestOptions::new().partition(Partition::named("hedged"));
+            for url in ["http://host-e.test/", "http://host-f.test/"] {
+                let r = stalls.get(url).with_extension(hedged.clone()).send().await;
+                assert_eq!(r.unwrap().status(), 200, "{url}");
+            }
+        });
+    });
+    // Samples (a counter's count, a histogram's values) by host and name.
+    let mut seen: HashMap<(String, &str), u64> = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let Some(host) = key
+            .key()
+            .labels()
+            .find(|l| l.key() == names::SERVER_ADDRESS)
+        else {
+            continue;
+        };
+        let n = match value {
+            DebugValue::Counter(n) => n,
+            DebugValue::Histogram(v) => v.len() as u64,
+            DebugValue::Gauge(_) => continue,
+        };
+        let name = [
+            names::CALLS,
+            names::RETRIES,
+            names::ATTEMPTS,
+            names::REQUEST_DURATION,
+            names::HEDGES,
+            names::HEDGE_WINS,
+        ]
+        .into_iter()
+        .find(|name| *name == key.key().name());
+        if let (Some(name), 1..) = (name, n) {
+            *seen.entry((host.value().to_owned(), name)).or_default() += n;
+        }
+    }
+    let mut expected = HashMap::new();
+    let hosts = ["a", "b", "c", "d", "e", "f"].map(|h| format!("host-{h}.test"));
+    for host in hosts {
+        for name in [names::CALLS, names::ATTEMPTS, names::REQUEST_DURATION] {
+            expected.insert((host.clone(), name), 1);
+        }
+    }
+    // host-b's 503 and its 200: two attempts timed, one retry.
+    expected.insert(("host-b.test".to_owned(), names::REQUEST_DURATION), 2);
+    expected.insert(("host-b.test".to_owned(), names::RETRIES), 1);
+    expected.insert(("host-f.test".to_owned(), names::HEDGES), 1);
+    expected.insert(("host-f.test".to_owned(), names::HEDGE_WINS), 1);
+    assert_eq!(seen, expected);
+}
+
+/// The end of a chain that answers `503` to the first request sent to
+/// `host-b.test`, and `200` to every other.
+#[derive(Default)]
+struct FirstToHostBFails(std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl Middleware for FirstToHostBFails {
+    async fn handle(
+        &self,
+        request: reqwest::Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let to_b = request.url().host_str() == Some("host-b.test");
+        let mut response = http::Response::new("ok");
+        if to_b && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            *response.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+        }
+        Ok(reqwest::Response::from(response))
+    }
 }
 
 /// Some exporters (push-based ones, OpenTelemetry bridges) emit a series

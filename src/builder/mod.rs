@@ -180,7 +180,10 @@ impl RetryPolicyBuilder {
     }
 
     /// The least time that must be left after a sleep for another attempt to
-    /// be worth starting. Default 100 ms.
+    /// be worth starting, and at a call's start for its first: an HTTP call
+    /// whose deadline (its own, or inherited from the request a service is
+    /// serving) leaves less sends nothing and fails at once as a timeout.
+    /// Default 100 ms.
     pub fn min_attempt_window(mut self, window: Duration) -> Self {
         self.min_attempt_window = window;
         self

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::vocabulary::{derivation_seed, lock, SharedKey, StopReason};
+use crate::vocabulary::{derivation_seed, lock, Partition, RetryReport, SharedKey, StopReason};
 
 tokio::task_local! {
     static INHERITED: InheritedDeadline;
@@ -60,10 +60,32 @@ tokio::task_local! {
 /// the handler builds its outgoing requests itself and the extensions of
 /// the incoming one never reach them.
 ///
-/// A call that starts with no time left at all still makes its one
-/// attempt, with a zero timeout: it fails at once as a timeout, and if the
-/// request leaves before the timer fires it says `Request-Timeout-Ms: 0`,
-/// which the receiving layer answers without running its handler.
+/// A call that starts with less time left than an attempt's window (the
+/// policy's `min_attempt_window`), none at all included, sends nothing: an
+/// HTTP call ends at once with the `deadline` stop reason and a
+/// [`crate::RetryError`] whose `is_timeout()` is true, and the scope notes
+/// the give-up. Not even a request with a zero timeout goes: reqwest's
+/// timer may fire after the request left, and a payment API without our
+/// inbound layer would run a POST nobody waits for. A generic operation
+/// run by [`crate::retry_if_time`] is not called either (its value is
+/// `None`); [`crate::retry`] has no value to return without calling its
+/// operation, and calls it once, with `ctx.timeout()` the time left (zero
+/// when none).
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_safe_retry::{retry_if_time, InheritedDeadline, Outcome, Partition, RetryPolicy};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
+/// let policy = RetryPolicy::default(); // an attempt's window: 100 ms
+/// let charge = |_| async { Outcome::success("charged") };
+/// // Called with 40 ms left: not run.
+/// let (value, report) = InheritedDeadline::after(Duration::from_millis(40))
+///     .scope(retry_if_time(&policy, Partition::SINGLE, charge))
+///     .await;
+/// assert_eq!((value, report.attempts()), (None, 0));
+/// # });
+/// ```
 ///
 /// A task-local belongs to the task: work the handler **spawns** onto
 /// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
@@ -258,12 +280,31 @@ pub(crate) fn note_stop(reason: StopReason, attempts: u32) {
     }
 }
 
+/// The report of a call on `partition` refused before its first attempt,
+/// for `reason`, noted in the current scope as [`note_stop`] says.
+pub(crate) fn refusal(reason: StopReason, partition: Partition) -> RetryReport {
+    note_stop(reason, 0);
+    let mut report = RetryReport::new();
+    report.stop_reason = reason;
+    report.partition = partition;
+    report
+}
+
 /// The limits of one logical operation: the policy's, or a request's own.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
+}
+
+impl Limits {
+    /// Whether a call starting now with these limits (bounded by
+    /// [`bound`]) has no room for one attempt of `window`: then nothing
+    /// is sent.
+    pub(crate) fn leave_no_room(&self, window: Duration) -> bool {
+        self.deadline.is_some_and(|left| left < window)
+    }
 }
 
 /// The shorter of two optional limits; `None` is no limit.

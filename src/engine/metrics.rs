@@ -123,7 +123,10 @@ pub struct MetricsSnapshot {
     /// Delays set by a server's Retry-After.
     pub retry_after_honoured: u64,
     /// Calls given up because another attempt would not fit the deadline
-    /// (including a Retry-After longer than the time left).
+    /// (including a Retry-After longer than the time left), and calls
+    /// refused without an attempt because their deadline left no room
+    /// for one (counted in `calls` and `final_failures` too, not in
+    /// `attempts_per_call`).
     pub deadline_give_ups: u64,
     /// Hedges sent: second copies of an attempt slower than its host's
     /// usual latency (not counted in `retries` nor `admissions`).
@@ -239,6 +242,25 @@ impl Metrics {
             s.count(published::Count::Calls);
             s.count(published::Count::FinalFailures);
             s.count(published::Count::CircuitRejections);
+        });
+        #[cfg(not(feature = "metrics"))]
+        let _ = (host, url);
+    }
+
+    /// A call to `host` sent to `url` (0 and `None`: an operation with no
+    /// host) was refused with no room left for an attempt before its
+    /// deadline: a call started, given up for the deadline, with no attempt.
+    pub(crate) fn deadline_refused(&self, host: u64, url: Option<&reqwest::Url>) {
+        self.counts.calls.fetch_add(1, Ordering::Relaxed);
+        self.counts.final_failures.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .deadline_give_ups
+            .fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        self.published.with(host, url, |s| {
+            s.count(published::Count::Calls);
+            s.count(published::Count::FinalFailures);
+            s.count(published::Count::DeadlineGiveUps);
         });
         #[cfg(not(feature = "metrics"))]
         let _ = (host, url);

@@ -13,16 +13,30 @@
 //! → next.
 //!
 //! ```
-//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy};
+//! use std::time::Duration;
+//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy, StopReason};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! let clock = ManualClock::new(); // no real sleeping in this example
-//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(7).build().unwrap();
-//! let (value, report) = retry(&policy, |ctx| async move {
-//!     if ctx.attempt() == 1 { Outcome::transient(1) } else { Outcome::success(2) }
+//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
+//!
+//! let mut calls = 0;
+//! let (value, report) = retry(&policy, |ctx| {
+//!     calls += 1;
+//!     async move {
+//!         // Reconnect to a database, call an RPC… and classify the outcome.
+//!         if ctx.attempt() < 3 {
+//!             Outcome::transient(Err("connection refused"))
+//!         } else {
+//!             Outcome::success(Ok(42))
+//!         }
+//!     }
 //! })
 //! .await;
-//! assert_eq!((value, report.attempts()), (2, 2));
+//! assert_eq!(value, Ok(42));
+//! assert_eq!(report.attempts(), 3);
+//! assert_eq!(report.stop_reason(), StopReason::Success);
+//! assert_eq!(report.delays(), clock.sleeps());
 //! # });
 //! ```
 
@@ -46,6 +60,6 @@ pub use outcome::{AttemptContext, Outcome};
 pub(crate) use outcome::{Elsewhere, Signal, Verdict};
 pub use policy::RetryPolicy;
 pub(crate) use policy::{Replicas, Rng, Settings};
-pub use run::{retry, retry_in};
+pub use run::{retry, retry_if_time, retry_in};
 pub(crate) use run::{Attempt, Run};
 pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};

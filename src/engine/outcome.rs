@@ -133,6 +133,15 @@ impl<T> Outcome<T> {
         }
     }
 
+    /// The same outcome, its value mapped by `f`.
+    pub(crate) fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        Outcome {
+            value: f(self.value),
+            verdict: self.verdict,
+            signal: self.signal,
+        }
+    }
+
     pub(crate) fn with_signal(mut self, signal: Signal) -> Self {
         self.signal = signal;
         self

@@ -1,34 +1,6 @@
 //! The attempt loop, generic over any async operation whose outcome the
 //! caller classifies. The reqwest middleware is one adapter onto it.
 //!
-//! ```
-//! use std::time::Duration;
-//! use reqwest_safe_retry::{retry, ManualClock, Outcome, RetryPolicy, StopReason};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-//! let clock = ManualClock::new(); // no real sleeping in this example
-//! let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
-//!
-//! let mut calls = 0;
-//! let (value, report) = retry(&policy, |ctx| {
-//!     calls += 1;
-//!     async move {
-//!         // Reconnect to a database, call an RPC… and classify the outcome.
-//!         if ctx.attempt() < 3 {
-//!             Outcome::transient(Err("connection refused"))
-//!         } else {
-//!             Outcome::success(Ok(42))
-//!         }
-//!     }
-//! })
-//! .await;
-//! assert_eq!(value, Ok(42));
-//! assert_eq!(report.attempts(), 3);
-//! assert_eq!(report.stop_reason(), StopReason::Success);
-//! assert_eq!(report.delays(), clock.sleeps());
-//! # });
-//! ```
-//!
 //! Each turn of the loop, top to bottom: classify → is another attempt
 //! allowed → delay (which sees the server's hint) → does it fit the deadline
 //! → sleep → admission (which may wait, bounded by the deadline) → next.
@@ -87,10 +59,39 @@ where
     F: FnMut(AttemptContext) -> Fut,
     Fut: Future<Output = Outcome<T>>,
 {
-    let mut run = Run::start(policy, Limits::from(policy), partition, None);
+    let limits = deadline::bound(Limits::from(policy));
+    let mut run = Run::start(policy, limits, partition, None);
     let span = operation_span();
     run.traced = !span.is_disabled();
     run.drive(&mut Closure(op)).instrument(span).await
+}
+
+/// [`retry_in`], for an operation that must not start without time for an
+/// attempt: when the deadline, its own or inherited
+/// ([`crate::InheritedDeadline`]), leaves less than the policy's
+/// `min_attempt_window`, `op` is not called, the value is `None` and the
+/// report says `deadline`, with no attempt (an example is in
+/// [`crate::InheritedDeadline`]). [`retry_in`] has no value to return
+/// without `op`, and calls it once even then.
+pub async fn retry_if_time<T, F, Fut>(
+    policy: &RetryPolicy,
+    partition: Partition,
+    mut op: F,
+) -> (Option<T>, RetryReport)
+where
+    F: FnMut(AttemptContext) -> Fut,
+    Fut: Future<Output = Outcome<T>>,
+{
+    let limits = deadline::bound(Limits::from(policy));
+    if limits.leave_no_room(policy.settings.min_attempt_window) {
+        policy.metrics.deadline_refused(0, None);
+        return (None, deadline::refusal(StopReason::Deadline, partition));
+    }
+    let op = |ctx| {
+        let attempt = op(ctx);
+        async move { attempt.await.map(Some) }
+    };
+    retry_in(policy, partition, op).await
 }
 
 /// A generic call's limits: the policy's.
@@ -204,27 +205,28 @@ pub(crate) struct Run<'p> {
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
-    /// Whether the operation is a call to a host (an HTTP request), whose
-    /// published series are labelled by its partition's host.
+    /// The host an HTTP call is sent to (its URL's partition's digest),
+    /// whose published series count it whatever partition admits it; 0
+    /// for another operation.
     #[cfg(feature = "metrics")]
-    by_host: bool,
+    host: u64,
     pub(crate) report: RetryReport,
 }
 
 impl<'p> Run<'p> {
-    /// Starts an operation on `partition`; `url`, for an HTTP call, names
-    /// the host its published series are labelled with.
+    /// Starts an operation on `partition`, with `limits` already bounded
+    /// by the inherited deadline ([`deadline::bound`]); `to`, for an HTTP
+    /// call, is the host it is sent to ([`Partition::of_url`] of its URL)
+    /// and the URL that names that host's published series.
     pub(crate) fn start(
         policy: &'p RetryPolicy,
         limits: Limits,
         partition: Partition,
-        url: Option<&reqwest::Url>,
+        to: Option<(Partition, &reqwest::Url)>,
     ) -> Self {
         let now = policy.clock.now();
-        // A call made while serving a request ends when its caller stops waiting.
-        let limits = deadline::bound(limits);
-        let host = if url.is_some() { partition.id() } else { 0 };
-        policy.metrics.call_started(host, url);
+        let host = to.map_or(0, |(host, _)| host.id());
+        policy.metrics.call_started(host, to.map(|(_, url)| url));
         policy.admission.first_attempt(partition, now);
         Run {
             policy,
@@ -240,7 +242,7 @@ impl<'p> Run<'p> {
             route: Route::WHOLE,
             traced: false,
             #[cfg(feature = "metrics")]
-            by_host: url.is_some(),
+            host,
             report: RetryReport {
                 partition,
                 ..RetryReport::new()
@@ -321,13 +323,12 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// The host the operation's counters are published for: its
-    /// partition's digest for a call to a host, 0 for another operation.
+    /// The host the operation's counters are published for: the one a
+    /// call to a host is sent to, 0 for another operation.
     pub(super) fn host(&self) -> u64 {
         #[cfg(feature = "metrics")]
-        if self.by_host {
-            return self.report.partition.id();
-        }
+        return self.host;
+        #[cfg(not(feature = "metrics"))]
         0
     }
 

@@ -17,9 +17,22 @@ impl fmt::Display for CircuitOpen {
 
 impl std::error::Error for CircuitOpen {}
 
+/// The call's deadline (its own, or inherited from the request being
+/// served) left no room for an attempt: nothing was sent.
+#[derive(Debug)]
+pub(crate) struct DeadlineSpent;
+
+impl fmt::Display for DeadlineSpent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline spent: no time left for an attempt, the call was not sent")
+    }
+}
+
+impl std::error::Error for DeadlineSpent {}
+
 /// The error a caller gets when the request was refused before anything was
-/// sent (an idempotency key that cannot be sent, or a circuit breaker that
-/// is open).
+/// sent (an idempotency key that cannot be sent, a circuit breaker that is
+/// open, or a deadline that leaves no room for an attempt).
 ///
 /// It carries the [`RetryReport`]; [`std::error::Error::source`] is the
 /// underlying error. The middleware returns it inside
@@ -61,9 +74,18 @@ impl RetryError {
         }
     }
 
-    /// Whether the last error was a timeout (per-attempt or deadline).
+    /// Whether the last error was a timeout (per-attempt or deadline),
+    /// a call refused because its deadline left no room for an attempt
+    /// included.
+    ///
+    /// `reqwest_middleware::Error::is_timeout` answers `false` for every
+    /// middleware's error, this one included: ask this error instead.
     pub fn is_timeout(&self) -> bool {
-        crate::signals::is_timeout(&self.source)
+        let spent = match &self.source {
+            reqwest_middleware::Error::Middleware(e) => e.is::<DeadlineSpent>(),
+            reqwest_middleware::Error::Reqwest(_) => false,
+        };
+        spent || crate::signals::is_timeout(&self.source)
     }
 
     /// Whether the last error was a failure to connect.

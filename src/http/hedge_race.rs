@@ -28,6 +28,8 @@ pub(super) struct Hedging {
     pub(super) config: HedgeConfig,
     /// The admission partition, which is also the hedger's host.
     pub(super) partition: Partition,
+    /// The host the request is sent to, whose series count its hedges.
+    pub(super) host: u64,
     /// The request's route within it: a paced route gets no hedge.
     pub(super) route: Route,
     pub(super) sent: AtomicU32,
@@ -210,7 +212,7 @@ impl Hedge<'_, '_> {
             *request.timeout_mut() = left;
         }
         stamp_headers(policy, &mut request, &ctx, left);
-        policy.metrics.hedged(self.hedging.partition.id());
+        policy.metrics.hedged(self.hedging.host);
         self.hedging.sent.fetch_add(1, Ordering::Relaxed);
         let mut first = Some(first);
         let mut second = Some(next.run(request, &mut extensions));
@@ -273,7 +275,7 @@ impl Hedge<'_, '_> {
         // copies failed transiently (the attempt failed; nobody won).
         let won = winner == Which::Hedge && !matches!(verdict, Verdict::Transient { .. });
         if won {
-            policy.metrics.hedge_won(self.hedging.partition.id());
+            policy.metrics.hedge_won(self.hedging.host);
             self.hedging.won.fetch_add(1, Ordering::Relaxed);
         }
         // The engine records the answer returned. The hedge's grant is
@@ -283,7 +285,7 @@ impl Hedge<'_, '_> {
         // when the hedge's is (or the hedge's result alone when the first
         // copy never answered).
         let route = self.hedging.route;
-        let host = self.hedging.partition.id();
+        let host = self.hedging.host;
         let max_hold = policy.settings.max_retry_after;
         let record = AttemptRecord::new(ctx.attempt(), Some(grant), hedge_result).on_route(route);
         let record = match (winner, first_seen) {

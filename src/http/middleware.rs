@@ -32,7 +32,7 @@ use crate::vocabulary::{
 };
 
 use super::attempt::{self, HttpAttempts};
-use super::error::{CircuitOpen, RetryError};
+use super::error::{CircuitOpen, DeadlineSpent, RetryError};
 use super::hedge_race::Hedging;
 use super::judge::Judge;
 
@@ -86,7 +86,9 @@ impl Middleware for RetryMiddleware {
                 return Box::pin(std::future::ready(Err(refused(report, e))));
             }
         };
-        let limits = Limits {
+        // A call made while serving a request ends when its caller stops
+        // waiting.
+        let limits = deadline::bound(Limits {
             max_attempts: options
                 .and_then(|o| o.max_attempts)
                 .unwrap_or(settings.max_attempts),
@@ -94,7 +96,7 @@ impl Middleware for RetryMiddleware {
             attempt_timeout: options
                 .and_then(|o| o.attempt_timeout)
                 .or(settings.attempt_timeout),
-        };
+        });
         let classifier = options.and_then(|o| o.classifier.clone());
         // Built only where someone may listen: once a subscriber has been
         // set (the span then asks it, by its own name and target), or where
@@ -120,22 +122,23 @@ impl Middleware for RetryMiddleware {
         // pacing is per route.
         let (host, route) = of_url(request.url());
         let partition = options.and_then(|o| o.partition).unwrap_or(host);
+        if limits.leave_no_room(settings.min_attempt_window) {
+            // No attempt without its window, not even one with a zero
+            // timeout: reqwest's timer may fire after the request left.
+            // Asked before the breaker, whose half-open probe it would
+            // otherwise spend.
+            policy
+                .metrics
+                .deadline_refused(host.id(), Some(request.url()));
+            let report = refusal(StopReason::Deadline, partition, key, extensions);
+            return Box::pin(std::future::ready(Err(refused(report, DeadlineSpent))));
+        }
         if let Some(breaker) = &policy.breaker {
             if !breaker.allow(partition, policy.clock.now()) {
                 // Refused locally and at once: no attempt, no retry; a
                 // handler's inbound layer answers its caller "do not retry".
-                policy
-                    .metrics
-                    .circuit_refused(partition.id(), request.url());
-                deadline::note_stop(StopReason::CircuitOpen, 0);
-                let mut report = RetryReport::new();
-                report.attempts = 0;
-                report.stop_reason = StopReason::CircuitOpen;
-                report.partition = partition;
-                report.idempotency_key = key;
-                if let Some(slot) = extensions.get::<ReportSlot>() {
-                    slot.fill(report.clone());
-                }
+                policy.metrics.circuit_refused(host.id(), request.url());
+                let report = refusal(StopReason::CircuitOpen, partition, key, extensions);
                 return Box::pin(std::future::ready(Err(refused(report, CircuitOpen))));
             }
         }
@@ -153,7 +156,8 @@ impl Middleware for RetryMiddleware {
                 .first_attempt(config, partition, policy.clock.now());
         }
         let watch = attempt::watch_of(policy, &request);
-        let mut run = Run::start(policy, limits, partition, Some(request.url()));
+        // Counted under the host it is sent to, whatever admits it.
+        let mut run = Run::start(policy, limits, partition, Some((host, request.url())));
         run.route = route;
         run.traced = !span.is_disabled();
         // Moved, not copied: the report owns the key.
@@ -171,6 +175,7 @@ impl Middleware for RetryMiddleware {
                 Box::new(Hedging {
                     config,
                     partition,
+                    host: host.id(),
                     route,
                     sent: AtomicU32::new(0),
                     won: AtomicU32::new(0),
@@ -299,6 +304,23 @@ fn of_url(url: &reqwest::Url) -> (Partition, Route) {
         (last.1, last.2)
     })
     .unwrap_or_else(|_| compute())
+}
+
+/// The report of a call refused before its first attempt, for `reason`:
+/// left in the caller's [`ReportSlot`], and noted in the inherited scope
+/// (its layer answers "do not retry").
+fn refusal(
+    reason: StopReason,
+    partition: Partition,
+    key: Option<SharedKey>,
+    extensions: &Extensions,
+) -> RetryReport {
+    let mut report = deadline::refusal(reason, partition);
+    report.idempotency_key = key;
+    if let Some(slot) = extensions.get::<ReportSlot>() {
+        slot.fill(report.clone());
+    }
+    report
 }
 
 /// The error for a request refused before anything was sent.

@@ -24,7 +24,8 @@
 //! the tightest wins, whatever their order: the fewest units left, and
 //! among policies with none left the latest reset. A field that does not parse as a list is ignored
 //! whole, as RFC 9651 asks; a parameter that is not a non-negative integer
-//! of at most 15 digits is ignored.
+//! of at most 15 digits is ignored. A parameter repeated in a member is
+//! its last value (RFC 9651 §4.2.3.2: `r=5;r=0` is `r=0`).
 //!
 //! `X-RateLimit-Reset` is read as seconds from now, unless it is large
 //! enough to be a Unix time (at least 10⁹, that is after September 2001),
@@ -183,8 +184,8 @@ fn integer(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
-/// A member's parameters: each key, with its value when that is a
-/// non-negative integer.
+/// A member's parameters: each key once, in the order it first appeared,
+/// with its last value when that is a non-negative integer.
 type Params<'a> = Vec<(&'a str, Option<u64>)>;
 
 /// The value of parameter `key`, when it is a non-negative integer.
@@ -236,6 +237,12 @@ fn member(s: &str) -> Option<(Params<'_>, &str)> {
         } else {
             None // a boolean true
         };
+        // RFC 9651 §4.2.3.2: a key seen before keeps its place and takes
+        // the new value, so the last one wins (`r=5;r=0` is `r=0`).
+        if let Some(seen) = params.iter_mut().find(|(k, _)| *k == key) {
+            seen.1 = value;
+            continue;
+        }
         if params.len() >= 64 {
             return None; // no server needs more; a hostile one gets nothing
         }

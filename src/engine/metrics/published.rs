@@ -85,7 +85,8 @@ pub mod names {
     /// quota's reset (`rate_limit_waits`).
     pub const RATE_LIMIT_WAITS: &str = "reqwest_safe_retry.pacing.waits";
     /// Counter: calls given up because another attempt would not fit the
-    /// deadline (`deadline_give_ups`).
+    /// deadline, or refused because not even the first would
+    /// (`deadline_give_ups`).
     pub const DEADLINE_GIVE_UPS: &str = "reqwest_safe_retry.deadline.give_ups";
     /// Counter: hedges sent, second copies of a slow attempt (`hedges`).
     pub const HEDGES: &str = "reqwest_safe_retry.hedges";

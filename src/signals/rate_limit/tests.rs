@@ -223,3 +223,85 @@ fn a_reset_that_cannot_be_a_time_is_ignored() {
     let got = read(&[("ratelimit", r#"d;r=0;t=900000000"#)]).unwrap();
     assert_eq!(got.reset, None);
 }
+
+/// RFC 9651 §4.2.3.2: a parameter key that appears again overwrites the
+/// value it had, keeping its first place (parameters are an ordered map,
+/// as a dictionary is, §4.2.2): the last value wins.
+#[test]
+fn a_repeated_parameter_is_its_last_value() {
+    let got = read(&[("ratelimit", r#""a";r=5;r=0;t=3"#)]).unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(0), secs(3)));
+    let got = read(&[("ratelimit", r#""a";t=60;r=0;t=3"#)]).unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(0), secs(3)));
+    let got = read(&[("ratelimit-policy", r#""a";q=100;w=60;q=10"#)]).unwrap();
+    assert_eq!(got.quota, Some((10, Duration::from_secs(60))));
+    // A last value that is not a count leaves none: the member says
+    // nothing of `r` (a boolean true, `r`, is the last value here).
+    let got = read(&[("ratelimit", r#""a";r=0;t=3;r, "b";r=7;t=1"#)]).unwrap();
+    assert_eq!((got.remaining, got.reset), (Some(7), secs(1)));
+    // The common pair has no parameters: two copies that disagree stay
+    // ignored (a field, not a parameter, repeated).
+    let got = read(&[("ratelimit", "a;r=5"), ("ratelimit", "a;r=0")]);
+    assert_eq!(got, None);
+}
+
+/// The parameters of RFC 9651's own examples of lists (§3.1, §3.1.2,
+/// §4.2.1's whitespace) and of its ordered-map rule for duplicates, read
+/// as the parser sees them: each key once, in the order it first
+/// appeared, with its last value.
+#[test]
+fn the_parameters_of_the_rfcs_examples() {
+    type Owned = Vec<(String, Option<u64>)>;
+    let params = |field: &str| -> Option<Vec<Owned>> {
+        let owned = |p: Params<'_>| p.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        parse_list(field).map(|members| members.into_iter().map(owned).collect())
+    };
+    let p = |pairs: &[(&str, Option<u64>)]| -> Owned {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+    };
+    // §3.1: `Example-List: sugar, tea, rum`.
+    assert_eq!(
+        params("sugar, tea, rum"),
+        Some(vec![vec![], vec![], vec![]])
+    );
+    // §3.1.2's `abc;a=1;b=2; cde_456, (ghi;jk=4 l);q="9";r=w`: its
+    // first member (`cde_456` is a third parameter, a boolean, after the
+    // space `;` allows); the second is an inner list, which no rate-limit
+    // field holds, and the field is then ignored whole.
+    assert_eq!(
+        params("abc;a=1;b=2; cde_456"),
+        Some(vec![p(&[
+            ("a", Some(1)),
+            ("b", Some(2)),
+            ("cde_456", None)
+        ])])
+    );
+    assert_eq!(
+        params(r#"abc;a=1;b=2; cde_456, (ghi;jk=4 l);q="9";r=w"#),
+        None
+    );
+    // §3.1.2: `Example-Integer: 1; a; b=?0` (a boolean is no count).
+    assert_eq!(
+        params("1; a; b=?0"),
+        Some(vec![p(&[("a", None), ("b", None)])])
+    );
+    // Duplicates: the last value, at the first place (§4.2.3.2), as the
+    // dictionary `a=1,b=2,a=3` is `a=3, b=2` (§4.2.2).
+    assert_eq!(
+        params("x;a=1;b=2;a=3"),
+        Some(vec![p(&[("a", Some(3)), ("b", Some(2))])])
+    );
+    assert_eq!(
+        params("x;a=1;a;b=2"),
+        Some(vec![p(&[("a", None), ("b", Some(2))])])
+    );
+    // Repeats never grow a member: a hostile field of one key repeated is
+    // one parameter.
+    let repeated = format!("x{}", ";a=1".repeat(1000));
+    assert_eq!(params(&repeated), Some(vec![p(&[("a", Some(1))])]));
+    // What the grammar rejects stays rejected: whitespace before `;` or
+    // around `=`, an uppercase key (§3.1.2, §4.2.3.3).
+    for field in ["abc ;a=1", "abc;a =1", "abc;a= 1", "abc;A=1"] {
+        assert_eq!(params(field), None, "{field}");
+    }
+}
