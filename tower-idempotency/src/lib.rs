@@ -51,8 +51,8 @@
 //! | completed, different fingerprint      | `422` problem+json                                       |
 //! | in progress, different fingerprint    | `422` problem+json                                       |
 //! | in progress, same fingerprint         | `409` problem+json + `Retry-After`                       |
-//! | in progress, lease stale (first seen) | `409`; the lease is marked seen stale                    |
-//! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over: the handler runs    |
+//! | in progress, lease stale (first seen) | `409` (`422` for a different fingerprint); the lease is marked seen stale |
+//! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over, whatever the fingerprint (the owner is gone): the handler runs |
 //! | missing key (default)                 | passes through untouched                                 |
 //! | missing (`require_key(true)`), empty / >255 chars key | `400` problem+json, nothing claimed |
 //! | store unreachable (transient)         | `503` problem+json + `Retry-After`, nothing run          |
