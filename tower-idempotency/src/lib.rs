@@ -142,6 +142,12 @@
 //!
 //! # Scope, lock timeout, expiry
 //!
+//! The scope a request is stored under (see below) is handed to the layers around this
+//! one as an [`idempotency_key::CallerScope`] request extension, so that
+//! `reqwest-safe-retry`'s `InheritDeadlineLayer` derives the keys of the
+//! handler's own calls from the server's notion of the caller, not from the
+//! raw credential bytes.
+//!
 //! Keys are scoped by caller: by default a SHA-256 digest of the
 //! `Authorization` header (requests without one share one anonymous scope),
 //! or whatever [`IdempotencyLayerBuilder::scope_with`] returns. The store
