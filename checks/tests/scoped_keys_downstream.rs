@@ -129,7 +129,11 @@ async fn charges_after_a_takeover(
                 (runs.clone(), charged.clone(), client.clone(), down.clone());
             async move {
                 let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                let r = client.post(format!("{down}/charges")).body(body).send().await;
+                let r = client
+                    .post(format!("{down}/charges"))
+                    .body(body)
+                    .send()
+                    .await;
                 if run == 1 {
                     // The replica dies after its effect: never answers,
                     // never renews its lease.
@@ -146,12 +150,8 @@ async fn charges_after_a_takeover(
     let idempotency = builder.build().unwrap();
     let router = Router::new().route("/payments", post(handler));
     let router = match order {
-        Order::InheritOutside => router
-            .layer(idempotency)
-            .layer(InheritDeadlineLayer::new()),
-        Order::InheritInside => router
-            .layer(InheritDeadlineLayer::new())
-            .layer(idempotency),
+        Order::InheritOutside => router.layer(idempotency).layer(InheritDeadlineLayer::new()),
+        Order::InheritInside => router.layer(InheritDeadlineLayer::new()).layer(idempotency),
     };
     let up = serve(router).await;
     let caller = client();
@@ -210,8 +210,7 @@ async fn two_spellings_of_a_credential_derive_the_same_keys() {
         let store = GoneOwner(MemoryStore::with_clock(clock.clone()));
         let builder = IdempotencyLayer::builder(store);
         let charged =
-            charges_after_a_takeover(builder, clock, order, "Bearer alice", "bearer  alice")
-                .await;
+            charges_after_a_takeover(builder, clock, order, "Bearer alice", "bearer  alice").await;
         assert_eq!(charged, 1, "{order:?}: charged downstream {charged} times");
     }
 }

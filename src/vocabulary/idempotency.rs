@@ -177,7 +177,11 @@ pub(crate) fn derivation_seed(caller: &[u8], key: &str) -> [u8; 32] {
 /// tagged apart from [`derivation_seed`], so that no scope can meet the
 /// bytes of a credential.
 pub(crate) fn scoped_derivation_seed(scope: &str, key: &str) -> [u8; 32] {
-    seed(b"reqwest-safe-retry derived key 1, server scope", scope.as_bytes(), key)
+    seed(
+        b"reqwest-safe-retry derived key 1, server scope",
+        scope.as_bytes(),
+        key,
+    )
 }
 
 fn seed(tag: &[u8], caller: &[u8], key: &str) -> [u8; 32] {

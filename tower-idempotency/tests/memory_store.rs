@@ -275,17 +275,26 @@ async fn strangers_stored_errors_cannot_lock_a_new_caller_out() {
     let store = small(clock, 10);
     let paid = StoredResponse::json(201, "paid");
     let lease = claim_in(&store, "customer", "pay").await;
-    assert!(store.complete("customer", "pay", lease, &paid).await.unwrap());
+    assert!(store
+        .complete("customer", "pay", lease, &paid)
+        .await
+        .unwrap());
     for i in 0..100 {
         let scope = format!("stranger-{i}");
         let lease = claim_in(&store, &scope, "probe").await;
         let response = StoredResponse::json(500, "no");
-        assert!(store.complete(&scope, "probe", lease, &response).await.unwrap());
+        assert!(store
+            .complete(&scope, "probe", lease, &response)
+            .await
+            .unwrap());
     }
     assert_eq!(store.len(), 10);
     // A genuine new caller is served, and its success is kept.
     let lease = claim_in(&store, "newcomer", "order").await;
-    assert!(store.complete("newcomer", "order", lease, &paid).await.unwrap());
+    assert!(store
+        .complete("newcomer", "order", lease, &paid)
+        .await
+        .unwrap());
     for i in 100..200 {
         let _ = store.claim(scoped(&format!("stranger-{i}"), "probe")).await;
     }

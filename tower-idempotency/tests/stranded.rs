@@ -25,7 +25,13 @@ async fn a_failed_release_is_tried_again(h: Harness) {
     store.failing_releases.store(1, Ordering::SeqCst);
     let layer = h.builder_over(store.clone()).build().unwrap();
     let (router, state) = app(layer);
-    let rejected = req("POST", "/payments", Some("k"), "bad", &[("x-status", "400")]);
+    let rejected = req(
+        "POST",
+        "/payments",
+        Some("k"),
+        "bad",
+        &[("x-status", "400")],
+    );
     assert_eq!(send(&router, rejected).await.status, 400, "{}", h.name);
     let corrected = send(&router, post("k", "good")).await;
     assert_eq!(corrected.status, 201, "{}: {:?}", h.name, corrected.body);
