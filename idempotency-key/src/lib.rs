@@ -24,6 +24,13 @@
 //! never be sent. Both crates call these functions, and both crates' tests
 //! read the same vectors (`fixtures/keys.tsv` in the repository).
 //!
+//! # The caller, between a server's layers
+//!
+//! [`CallerScope`] is the one type the two crates share beyond the rules: a
+//! request extension in which the server's idempotency layer says which
+//! caller it scoped a request's key to, so that the keys a handler derives
+//! for its own calls follow that caller, not the raw credential bytes.
+//!
 //! # The rules
 //!
 //! * The key is 1 to [`MAX_LEN`] characters, each visible ASCII (`!` to `~`):
@@ -39,8 +46,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+mod caller;
+
 use std::borrow::Cow;
 use std::fmt;
+
+pub use caller::CallerScope;
 
 /// The longest key, in characters (bytes: keys are ASCII). Both the
 /// Stripe API and the limits of common database indexes fit it.

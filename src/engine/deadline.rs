@@ -25,12 +25,16 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::vocabulary::{derivation_seed, lock, Partition, RetryReport, SharedKey, StopReason};
+use idempotency_key::CallerScope;
+
+use crate::vocabulary::{
+    derivation_seed, lock, scoped_derivation_seed, Partition, RetryReport, SharedKey, StopReason,
+};
 
 tokio::task_local! {
     static INHERITED: InheritedDeadline;
@@ -125,8 +129,41 @@ pub struct InheritedDeadline {
 /// how many keyed calls were made so far.
 #[derive(Debug)]
 struct Incoming {
-    seed: [u8; 32],
+    seed: Seed,
     calls: AtomicU32,
+}
+
+/// The seed: given, or made by the first keyed call.
+#[derive(Debug)]
+enum Seed {
+    Given([u8; 32]),
+    Pending {
+        made: OnceLock<[u8; 32]>,
+        source: Source,
+    },
+}
+
+/// What a seed not made yet is made of: the request's key, its
+/// `Authorization`, and the caller a server's idempotency layer scoped it
+/// to, which that layer sets once the request reaches it (inside the
+/// inbound layer) and which counts instead of the credential when set.
+#[derive(Debug)]
+struct Source {
+    key: Box<str>,
+    authorization: Box<[u8]>,
+    served: CallerScope,
+}
+
+impl Seed {
+    fn get(&self) -> &[u8; 32] {
+        match self {
+            Seed::Given(seed) => seed,
+            Seed::Pending { made, source: s } => made.get_or_init(|| match s.served.get() {
+                Some(scope) => scoped_derivation_seed(scope, &s.key),
+                None => derivation_seed(&s.authorization, &s.key),
+            }),
+        }
+    }
 }
 
 impl InheritedDeadline {
@@ -199,7 +236,33 @@ impl InheritedDeadline {
     #[must_use]
     pub fn serving_key(mut self, caller: &[u8], key: &str) -> Self {
         self.incoming = Some(Arc::new(Incoming {
-            seed: derivation_seed(caller, key),
+            seed: Seed::Given(derivation_seed(caller, key)),
+            calls: AtomicU32::new(0),
+        }));
+        self
+    }
+
+    /// [`InheritedDeadline::serving_key`] for a request whose caller a
+    /// server's idempotency layer may scope (`served`, shared with the
+    /// request's extensions): the keys derive from that scope once it is
+    /// set, from `authorization` otherwise. Read at the first keyed call,
+    /// by when the idempotency layer (inside) has set it.
+    #[must_use]
+    pub(crate) fn serving_key_for(
+        mut self,
+        served: CallerScope,
+        authorization: &[u8],
+        key: &str,
+    ) -> Self {
+        self.incoming = Some(Arc::new(Incoming {
+            seed: Seed::Pending {
+                made: OnceLock::new(),
+                source: Source {
+                    key: key.into(),
+                    authorization: authorization.into(),
+                    served,
+                },
+            },
             calls: AtomicU32::new(0),
         }));
         self
@@ -223,7 +286,7 @@ impl InheritedDeadline {
             .calls
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(1);
-        Some(SharedKey::derived(&incoming.seed, ordinal))
+        Some(SharedKey::derived(incoming.seed.get(), ordinal))
     }
 
     /// Runs `future` inside this scope: the calls it makes inherit it.

@@ -39,6 +39,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use http::header::HeaderName;
+use idempotency_key::CallerScope;
 use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
@@ -78,7 +79,11 @@ use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 ///   [`InheritDeadlineLayer::key_header`]; none with
 ///   [`InheritDeadlineLayer::no_derived_keys`]), the keyed calls the
 ///   handler makes with this crate's client carry keys derived from it and
-///   from the request's `Authorization` ([`InheritedDeadline::serving_key`]):
+///   from its caller ([`InheritedDeadline::serving_key`]): the scope a
+///   server's idempotency layer gave the request (`tower-idempotency`'s
+///   `IdempotencyLayer`, inside or outside this layer: it sets the
+///   [`idempotency_key::CallerScope`] this layer puts in the request's
+///   extensions, or puts one there), else the request's `Authorization`:
 ///   a handler run twice for one request (a retry, a takeover by another
 ///   replica) sends the same keys downstream, so a downstream service that
 ///   honours keys runs each effect once. A malformed key derives nothing.
@@ -189,17 +194,27 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
         let left = time_left_in(request.headers(), &self.layer.header);
         // A limit too far to represent is no limit.
         let at = left.and_then(|left| Instant::now().checked_add(left));
         let mut scope = InheritedDeadline::within_current(at);
         if let Some(key) = self.layer.incoming_key(request.headers()) {
+            // The caller as a server's idempotency layer scopes it: set
+            // already by one outside this layer, or later by one inside.
+            let served = match request.extensions().get::<CallerScope>() {
+                Some(served) => served.clone(),
+                None => {
+                    let served = CallerScope::new();
+                    request.extensions_mut().insert(served.clone());
+                    served
+                }
+            };
             let caller = request
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .map_or(&b""[..], |v| v.as_bytes());
-            scope = scope.serving_key(caller, key.as_str());
+            scope = scope.serving_key_for(served, caller, key.as_str());
         }
         let verdict = self.layer.verdict.clone();
         if left == Some(Duration::ZERO) || scope.time_left() == Some(Duration::ZERO) {

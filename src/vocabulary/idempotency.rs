@@ -169,10 +169,26 @@ impl SharedKey {
 /// (the request's `Authorization`, or nothing): two callers' requests with
 /// the same key never derive the same keys.
 pub(crate) fn derivation_seed(caller: &[u8], key: &str) -> [u8; 32] {
+    seed(b"reqwest-safe-retry derived key 1", caller, key)
+}
+
+/// The seed of the keys derived from a request's `key` for the caller a
+/// server's idempotency layer scoped it to (`scope`, its stored scope):
+/// tagged apart from [`derivation_seed`], so that no scope can meet the
+/// bytes of a credential.
+pub(crate) fn scoped_derivation_seed(scope: &str, key: &str) -> [u8; 32] {
+    seed(
+        b"reqwest-safe-retry derived key 1, server scope",
+        scope.as_bytes(),
+        key,
+    )
+}
+
+fn seed(tag: &[u8], caller: &[u8], key: &str) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let len = |n: usize| u64::try_from(n).unwrap_or(u64::MAX).to_be_bytes();
     Sha256::new()
-        .chain_update(b"reqwest-safe-retry derived key 1")
+        .chain_update(tag)
         .chain_update(len(caller.len()))
         .chain_update(caller)
         .chain_update(len(key.len()))

@@ -28,7 +28,7 @@ mod route;
 pub(crate) use draw::uniform;
 pub use error::{ConfigError, KeyError};
 pub(crate) use future::BoxFuture;
-pub(crate) use idempotency::{derivation_seed, SharedKey};
+pub(crate) use idempotency::{derivation_seed, scoped_derivation_seed, SharedKey};
 pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MAX_KEY_LEN};
 pub(crate) use lock::lock;
 pub(crate) use partition::DigestState;

@@ -304,7 +304,8 @@ impl IdempotencyLayerBuilder {
     }
 
     /// Value of `Retry-After` on `409 Conflict` and `503` (default 1 s,
-    /// rounded up to whole seconds).
+    /// rounded up to whole seconds). Must be non-zero: `Retry-After: 0`
+    /// would invite clients to hammer the server.
     pub fn retry_after(mut self, after: Duration) -> Self {
         self.config.retry_after = after;
         self
@@ -351,7 +352,8 @@ impl IdempotencyLayerBuilder {
     /// with the lease kept alive, for as long as the process lives, so the
     /// `410`'s "never runs again" holds while the server does.
     /// `Duration::MAX` means "as long as the process lives" for the
-    /// response itself.
+    /// response itself. Must be non-zero (a patience shorter than the
+    /// first pause, 20 ms, makes one attempt and no retry).
     pub fn completion_patience(mut self, patience: Duration) -> Self {
         self.config.completion_patience = patience;
         self

@@ -150,6 +150,10 @@ impl IdempotencyLayerBuilder {
             ("lock_timeout", c.lock_timeout),
             ("expiry", c.expiry),
             ("request_body_timeout", c.request_body_timeout),
+            // `Retry-After: 0` on every 409 and 503 would invite a loop
+            // hammering the server.
+            ("retry_after", c.retry_after),
+            ("completion_patience", c.completion_patience),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(setting, "must be longer than zero"));

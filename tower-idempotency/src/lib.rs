@@ -51,8 +51,8 @@
 //! | completed, different fingerprint      | `422` problem+json                                       |
 //! | in progress, different fingerprint    | `422` problem+json                                       |
 //! | in progress, same fingerprint         | `409` problem+json + `Retry-After`                       |
-//! | in progress, lease stale (first seen) | `409`; the lease is marked seen stale                    |
-//! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over: the handler runs    |
+//! | in progress, lease stale (first seen) | `409` (`422` for a different fingerprint); the lease is marked seen stale |
+//! | in progress, seen stale a lock timeout ago, no heartbeat since | taken over, whatever the fingerprint (the owner is gone): the handler runs |
 //! | missing key (default)                 | passes through untouched                                 |
 //! | missing (`require_key(true)`), empty / >255 chars key | `400` problem+json, nothing claimed |
 //! | store unreachable (transient)         | `503` problem+json + `Retry-After`, nothing run          |
@@ -141,6 +141,12 @@
 //!   slow handler keeps its key through the heartbeat.
 //!
 //! # Scope, lock timeout, expiry
+//!
+//! The scope a request is stored under (see below) is handed to the layers around this
+//! one as an [`idempotency_key::CallerScope`] request extension, so that
+//! `reqwest-safe-retry`'s `InheritDeadlineLayer` derives the keys of the
+//! handler's own calls from the server's notion of the caller, not from the
+//! raw credential bytes.
 //!
 //! Keys are scoped by caller: by default a SHA-256 digest of the
 //! `Authorization` header (requests without one share one anonymous scope),

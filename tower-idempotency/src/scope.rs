@@ -12,6 +12,7 @@ use std::sync::{Arc, LazyLock};
 
 use http::header::AUTHORIZATION;
 use http::request::Parts;
+use idempotency_key::CallerScope;
 use sha2::{Digest, Sha256};
 
 type ScopeFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
@@ -110,6 +111,22 @@ fn canonical_credentials<'a>(value: &'a [u8], buffer: &'a mut Vec<u8>) -> &'a [u
         buffer.extend_from_slice(rest);
     }
     buffer
+}
+
+/// Tells the layers around this one which caller the request's key was
+/// scoped to: sets the [`CallerScope`] an outer layer put in the request's
+/// extensions, or puts one there for the layers inside. The scope is the
+/// stored one (a digest, never the credential), so the keys a handler
+/// derives for its own calls follow the server's notion of the caller.
+pub(crate) fn announce(extensions: &mut http::Extensions, scope: &str) {
+    match extensions.get::<CallerScope>() {
+        Some(outer) => {
+            outer.set(scope);
+        }
+        None => {
+            extensions.insert(CallerScope::of(scope));
+        }
+    }
 }
 
 /// The scope of every request without an `Authorization` header.

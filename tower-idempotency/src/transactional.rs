@@ -119,6 +119,7 @@ where
 {
     let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
     let scope = config.scope.stored_scope(&parts);
+    crate::scope::announce(&mut parts.extensions, &scope);
     // A duplicate waits on the claim row's lock (held by the first
     // request's open transaction) for at most this long, then answers 409:
     // duplicates of one slow key cannot hold the pool's connections for the

@@ -19,6 +19,19 @@ fn zero_durations_are_refused() {
     assert!(err.to_string().contains("longer than zero"), "{err}");
     let err = builder().heartbeat_every(zero).build().unwrap_err();
     assert_eq!(err.setting(), "heartbeat_every");
+    // `Retry-After: 0` on every 409 and 503 would invite a loop hammering
+    // the server; a patience of zero would give up on a store before its
+    // first retry.
+    let err = builder().retry_after(zero).build().unwrap_err();
+    assert_eq!(err.setting(), "retry_after");
+    let err = builder().completion_patience(zero).build().unwrap_err();
+    assert_eq!(err.setting(), "completion_patience");
+    let err = builder().request_body_timeout(zero).build().unwrap_err();
+    assert_eq!(err.setting(), "request_body_timeout");
+    // The shortest non-zero values are accepted.
+    let short = Duration::from_nanos(1);
+    assert!(builder().retry_after(short).build().is_ok());
+    assert!(builder().completion_patience(short).build().is_ok());
 }
 
 #[test]

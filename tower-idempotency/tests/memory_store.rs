@@ -152,10 +152,11 @@ async fn a_flooding_caller_evicts_only_its_own_keys() {
         other => panic!("the victim's payment was evicted: {other:?}"),
     }
     assert_eq!(store.evictions(), 901);
-    // A newcomer has nothing of its own to give up: refused (a transient
-    // error, answered 503), never served by evicting someone else's key.
-    let refused = store.claim(scoped("newcomer", "k")).await.unwrap_err();
-    assert!(refused.is_transient(), "{refused}");
+    // A newcomer has nothing of its own to give up: it is served by
+    // evicting the oldest answer stored for a caller that never succeeded
+    // (the flooder's), never the victim's payment.
+    claim_in(&store, "newcomer", "k").await;
+    assert_eq!(store.evictions(), 902);
     match store.claim(scoped("victim", "pay")).await.unwrap() {
         ClaimOutcome::Completed { .. } => {}
         other => panic!("the victim's payment was evicted: {other:?}"),
@@ -262,4 +263,45 @@ async fn a_reclaimed_key_is_not_evicted_as_completed() {
         store.claim(scoped("v", "a")).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
+}
+
+/// Made-up scopes (a new credential per request) whose answers are stored
+/// (errors other than 401 and 403) fill the store; callers that never
+/// succeeded cannot lock a genuine new caller out: the newcomer evicts the
+/// oldest of their stored errors. A caller that succeeded keeps its keys.
+#[tokio::test]
+async fn strangers_stored_errors_cannot_lock_a_new_caller_out() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 10);
+    let paid = StoredResponse::json(201, "paid");
+    let lease = claim_in(&store, "customer", "pay").await;
+    assert!(store
+        .complete("customer", "pay", lease, &paid)
+        .await
+        .unwrap());
+    for i in 0..100 {
+        let scope = format!("stranger-{i}");
+        let lease = claim_in(&store, &scope, "probe").await;
+        let response = StoredResponse::json(500, "no");
+        assert!(store
+            .complete(&scope, "probe", lease, &response)
+            .await
+            .unwrap());
+    }
+    assert_eq!(store.len(), 10);
+    // A genuine new caller is served, and its success is kept.
+    let lease = claim_in(&store, "newcomer", "order").await;
+    assert!(store
+        .complete("newcomer", "order", lease, &paid)
+        .await
+        .unwrap());
+    for i in 100..200 {
+        let _ = store.claim(scoped(&format!("stranger-{i}"), "probe")).await;
+    }
+    for (scope, key) in [("customer", "pay"), ("newcomer", "order")] {
+        match store.claim(scoped(scope, key)).await.unwrap() {
+            ClaimOutcome::Completed { response, .. } => assert_eq!(response, paid),
+            other => panic!("{scope}'s answer was evicted: {other:?}"),
+        }
+    }
 }

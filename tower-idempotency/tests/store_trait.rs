@@ -152,15 +152,15 @@ async fn lock_timeout_takeover(h: Harness) {
         ClaimOutcome::InProgress { .. }
     ));
     h.advance(Duration::from_secs(1)).await;
-    // Different fingerprint never takes over.
+    // The first claim to find the lease stale marks it, whatever its
+    // fingerprint; a lock timeout later, with no heartbeat since, a claim
+    // takes over, whatever its fingerprint too (the owner is gone).
     assert_eq!(
         h.store.claim(claim_req(s, "k", B)).await.unwrap(),
         ClaimOutcome::InProgress {
             fingerprint_matches: false
         }
     );
-    // The first claim to find the lease stale marks it; a lock timeout
-    // later, with no heartbeat since, it takes over.
     assert_eq!(
         h.store.claim(claim_req(s, "k", A)).await.unwrap(),
         ClaimOutcome::InProgress {
@@ -173,24 +173,25 @@ async fn lock_timeout_takeover(h: Harness) {
         ClaimOutcome::InProgress { .. }
     ));
     h.advance(Duration::from_secs(1)).await;
-    // Marked stale by a same-body retry a lock timeout ago: still, a
-    // different body never takes it over.
+    // Marked stale by the other body a lock timeout ago: taken over by
+    // this one (a corrected request, say).
+    let fresh = claimed(&h, "k", B).await;
+    assert_ne!(stale, fresh);
+    // The stale owner lost its lease.
+    assert!(!h.store.complete(s, "k", stale, &response()).await.unwrap());
+    assert!(!h.store.release(s, "k", stale).await.unwrap());
+    // The new lock is fresh, and the record the new request's: no
+    // immediate second takeover, and the old body is refused.
     assert_eq!(
-        h.store.claim(claim_req(s, "k", B)).await.unwrap(),
+        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
         ClaimOutcome::InProgress {
             fingerprint_matches: false
         },
         "{}",
         h.name
     );
-    let fresh = claimed(&h, "k", A).await;
-    assert_ne!(stale, fresh);
-    // The stale owner lost its lease.
-    assert!(!h.store.complete(s, "k", stale, &response()).await.unwrap());
-    assert!(!h.store.release(s, "k", stale).await.unwrap());
-    // The new lock is fresh: no immediate second takeover.
     assert!(matches!(
-        h.store.claim(claim_req(s, "k", A)).await.unwrap(),
+        h.store.claim(claim_req(s, "k", B)).await.unwrap(),
         ClaimOutcome::InProgress { .. }
     ));
     assert!(h.store.complete(s, "k", fresh, &response()).await.unwrap());

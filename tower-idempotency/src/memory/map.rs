@@ -85,6 +85,10 @@ pub(super) struct ScopeRecords {
     /// in the order they happen, under the store's lock, so each is pushed
     /// at the back and the order holds (`ScopeRecords::push_completed`).
     pub(super) completed: VecDeque<(u64, u64, MapKey)>,
+    /// Whether one of its records completed with a success (2xx) while it
+    /// held records: a caller that did is no stranger, and its stored
+    /// answers are never evicted to make room for another caller.
+    pub(super) succeeded: bool,
 }
 
 impl ScopeRecords {
@@ -113,6 +117,11 @@ pub(super) struct Inner {
     leases: u64,
     /// Completed records evicted before their expiry.
     pub(super) evicted: u64,
+    /// The stored answers (not 2xx) of callers that had never succeeded
+    /// when they were stored, oldest first, as in `ScopeRecords::completed`
+    /// (entries may be stale: checked before use): what a caller may evict
+    /// to make room when it has nothing of its own to give up.
+    pub(super) strangers: VecDeque<(u64, u64, MapKey)>,
     /// The greatest epoch handed out: a key claimed again after its record
     /// was deleted still gets a greater one, even within a microsecond.
     pub(super) last_epoch: u64,
@@ -154,15 +163,17 @@ impl Inner {
             }
             live
         });
+        let current = |&(seq, hash, ref id): &(u64, u64, MapKey)| {
+            matches!(
+                records.find(hash, |r| Arc::ptr_eq(&r.id, id)),
+                Some(Record { state: State::Completed { seq: s, .. }, .. }) if *s == seq
+            )
+        };
         scopes.retain(|_, s| {
-            s.completed.retain(|(seq, hash, id)| {
-                matches!(
-                    records.find(*hash, |r| Arc::ptr_eq(&r.id, id)),
-                    Some(Record { state: State::Completed { seq: s, .. }, .. }) if s == seq
-                )
-            });
+            s.completed.retain(current);
             s.count > 0
         });
+        self.strangers.retain(current);
         (before - self.records.len()) as u64
     }
 
@@ -197,6 +208,7 @@ impl Inner {
                         scope: shared.clone(),
                         count: 1,
                         completed: VecDeque::new(),
+                        succeeded: false,
                     },
                 );
                 shared
@@ -231,6 +243,36 @@ impl Inner {
             }
             _ => false,
         }
+    }
+
+    /// Removes the oldest stored answer of a caller that never succeeded
+    /// (a stranger: a made-up scope, say); `false` if there is none. Such
+    /// callers cannot lock a new caller out of a full store.
+    pub(super) fn evict_oldest_stranger(&mut self) -> bool {
+        while let Some((seq, hash, id)) = self.strangers.pop_front() {
+            let Ok(entry) = self.records.find_entry(hash, |r| Arc::ptr_eq(&r.id, &id)) else {
+                continue;
+            };
+            let record = entry.get();
+            let still_a_stranger = self
+                .scopes
+                .get(&*record.scope)
+                .is_some_and(|s| !s.succeeded);
+            if still_a_stranger
+                && matches!(record.state, State::Completed { seq: s, .. } if s == seq)
+            {
+                let (record, _) = entry.remove();
+                self.forget(&record);
+                self.evicted += 1;
+                tracing::warn!(
+                    scope = &*record.scope,
+                    "memory store full: the stored answer of a caller that never succeeded was \
+                     evicted to make room for another caller (a retry of it would run again)"
+                );
+                return true;
+            }
+        }
+        false
     }
 
     /// Removes the oldest completed record of `scope`; `false` if it has

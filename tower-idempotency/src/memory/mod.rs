@@ -36,12 +36,15 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// one caller (one scope; by default no bound of its own). When a new key
 /// would exceed a bound, expired records are swept first (at most once a
 /// second); then **the claiming caller's own** oldest completed record is
-/// evicted, never another caller's: one caller flooding the store, or many
+/// evicted; then the oldest answer stored for a caller that never
+/// succeeded (no 2xx among its records: a made-up scope, say), never the
+/// answer of a caller that did: one caller flooding the store, or many
 /// callers each sending a key, can never make another caller's completed
-/// key run again inside its expiry. A caller with nothing of its own to
-/// give up gets a transient error (answered `503` + `Retry-After`) until
-/// records expire: under a flood a newcomer may be refused, never charged
-/// twice. Set `max_keys_per_scope` (a quarter of `max_keys`, say) when
+/// payment run again inside its expiry, and callers that never succeeded
+/// cannot lock a new caller out. A caller with nothing to give up (the
+/// store full of claims in progress and of answers of callers that
+/// succeeded) gets a transient error (answered `503` + `Retry-After`)
+/// until records expire: refused, never charged twice. Set `max_keys_per_scope` (a quarter of `max_keys`, say) when
 /// callers are not trusted, so that one of them cannot fill the store.
 /// In-progress claims are never evicted. Every eviction of a completed
 /// record before its expiry is logged at `warn` and counted
@@ -186,8 +189,13 @@ impl MemoryStore {
                 return Ok(());
             }
         }
-        // Then the caller's own oldest completed record: never another's.
+        // Then the caller's own oldest completed record; then, when the
+        // store as a whole is full, the oldest answer stored for a caller
+        // that never succeeded: never the answer of one that did.
         if inner.evict_oldest_completed(scope) {
+            return Ok(());
+        }
+        if own(inner) < per_scope && inner.evict_oldest_stranger() {
             return Ok(());
         }
         let why = if own(inner) >= per_scope {
@@ -215,20 +223,25 @@ impl MemoryStore {
     ) -> bool {
         let mut inner = self.lock();
         let seq = inner.next_seq;
-        let (id, owner) = match inner.find_mut(hash, scope, key) {
+        let (id, owner, success) = match inner.find_mut(hash, scope, key) {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
-                record.state = State::Completed {
-                    response: response(),
-                    seq,
-                };
-                (record.id.clone(), record.scope.clone())
+                let response = response();
+                let success = (200..300).contains(&response.status);
+                record.state = State::Completed { response, seq };
+                (record.id.clone(), record.scope.clone(), success)
             }
             _ => return false,
         };
         inner.next_seq += 1;
+        let mut stranger = false;
         if let Some(s) = inner.scopes.get_mut(&*owner) {
-            s.push_completed(seq, hash, id);
+            s.succeeded |= success;
+            stranger = !s.succeeded;
+            s.push_completed(seq, hash, id.clone());
+        }
+        if stranger {
+            inner.strangers.push_back((seq, hash, id));
         }
         true
     }

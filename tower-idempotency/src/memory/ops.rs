@@ -65,14 +65,16 @@ impl MemoryStore {
             *record = fresh(hash, record.id.clone(), record.scope.clone(), lease);
             return Ok(ClaimOutcome::Claimed { lease, epoch });
         }
-        let fingerprint_matches = record.fingerprint == req.fingerprint;
         if let State::InProgress {
             locked_at,
             stale_seen,
             ..
         } = &mut record.state
         {
-            if fingerprint_matches && later(*locked_at, req.lock_timeout) <= now {
+            // Whatever its fingerprint: a corrected request takes over the
+            // key of an owner that is provably gone (one that died before
+            // freeing it, say), as a retry of the same request would.
+            if later(*locked_at, req.lock_timeout) <= now {
                 match *stale_seen {
                     // Seen stale a lock timeout ago, and not extended since:
                     // its owner is gone.

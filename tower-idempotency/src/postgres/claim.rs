@@ -171,12 +171,9 @@ impl PostgresStore {
             else {
                 continue;
             };
-            let mark = matches!(
-                outcome,
-                ClaimOutcome::InProgress {
-                    fingerprint_matches: true
-                }
-            );
+            // Whatever the fingerprint: a corrected request may take over
+            // the key of an owner that is provably gone.
+            let mark = matches!(outcome, ClaimOutcome::InProgress { .. });
             return Ok((outcome, mark));
         }
         Err(StoreError::msg(
@@ -195,7 +192,6 @@ impl PostgresStore {
         let mark = sqlx::query(&self.queries.mark_stale)
             .bind(req.scope)
             .bind(req.key)
-            .bind(req.fingerprint.as_bytes().as_slice())
             .bind(interval_secs(req.lock_timeout));
         match conn {
             Some(conn) => mark.execute(conn).await,

@@ -54,7 +54,6 @@ impl Queries {
                  epoch = GREATEST(EXCLUDED.epoch, t.epoch + 1) \
                  WHERE (t.expires_at <= now() AND t.status <> 'in_progress') \
                  OR (t.status = 'in_progress' \
-                     AND t.request_fingerprint = EXCLUDED.request_fingerprint \
                      AND t.locked_at <= now() - make_interval(secs => $6::float8) \
                      AND t.stale_seen_at > t.locked_at \
                      AND t.stale_seen_at <= now() - make_interval(secs => $6::float8)) \
@@ -65,14 +64,13 @@ impl Queries {
                  FROM {t} WHERE scope = $1 AND key = $2 \
                  AND (expires_at > now() OR status = 'in_progress')"
             ),
-            // First sight of a stale lease ($3: its fingerprint, $4: the
-            // lock timeout in seconds): a takeover waits a lock timeout
-            // after it.
+            // First sight of a stale lease, whatever its fingerprint ($3:
+            // the lock timeout in seconds): a takeover waits a lock
+            // timeout after it.
             mark_stale: format!(
                 "UPDATE {t} SET stale_seen_at = now() \
                  WHERE scope = $1 AND key = $2 AND status = 'in_progress' \
-                 AND request_fingerprint = $3 \
-                 AND locked_at <= now() - make_interval(secs => $4::float8) \
+                 AND locked_at <= now() - make_interval(secs => $3::float8) \
                  AND (stale_seen_at IS NULL OR stale_seen_at <= locked_at)"
             ),
             complete: format!(

@@ -76,10 +76,10 @@ if rec[1] == 'c' then
   return outcome(rec, ARGV[1], now) or claimed()
 end
 -- In progress, expired or not: its owner may only be cut off from the
--- store. A stale lease with this fingerprint is marked first, and taken
--- over a lock timeout after the mark if no heartbeat came since.
+-- store. A stale lease, whatever its fingerprint, is marked first, and
+-- taken over a lock timeout after the mark if no heartbeat came since.
 local locked, stale = tonumber(rec[7]), tonumber(rec[8])
-if rec[2] == ARGV[1] and locked + lock <= now then
+if locked + lock <= now then
   if stale > locked then
     if stale + lock <= now then return claimed() end
   else

@@ -171,21 +171,32 @@ impl Claim {
     /// The attempts after a failed first one, with a growing pause, for
     /// up to the layer's `completion_patience`.
     async fn complete_retrying(&self, response: &StoredResponse) -> Option<Settled> {
+        self.patiently(|attempt| self.try_complete(response, attempt))
+            .await
+            .ok()
+    }
+
+    /// Attempts 2, 3, … of `attempt`, with a growing pause, for up to the
+    /// layer's `completion_patience`: `Err(Retryable(true))` when the
+    /// patience ran out, `Err(Retryable(false))` on a permanent error.
+    async fn patiently<T, F>(&self, mut attempt: impl FnMut(u32) -> F) -> Result<T, Retryable>
+    where
+        F: Future<Output = Result<T, Retryable>>,
+    {
         // `None`: a patience past what an `Instant` holds, never give up.
         let give_up = tokio::time::Instant::now().checked_add(self.config.completion_patience);
         let mut pause = COMPLETE_BACKOFF;
-        let mut attempt = 1;
+        let mut number = 1;
         while give_up.is_none_or(|at| tokio::time::Instant::now() + pause <= at) {
             tokio::time::sleep(pause).await;
             pause = pause.saturating_mul(2).min(COMPLETE_BACKOFF_CAP);
-            attempt += 1;
-            match self.try_complete(response, attempt).await {
-                Ok(done) => return Some(done),
-                Err(Retryable(false)) => return None,
+            number += 1;
+            match attempt(number).await {
                 Err(Retryable(true)) => {}
+                done => return done,
             }
         }
-        None
+        Err(Retryable(true))
     }
 
     /// Completes the key with the "response not retained" marker and
@@ -225,13 +236,58 @@ impl Claim {
         })
     }
 
-    /// Frees the key: the handler did no work.
+    /// Frees the key: the handler did no work. A store that fails is tried
+    /// again as for a completion (a growing pause, for the layer's
+    /// `completion_patience`, the lease kept alive), then in a task of its
+    /// own every second for as long as the process lives: a key left in
+    /// progress would refuse the corrected request (`422`). Should the
+    /// process die first, the key's lease goes stale, and the corrected
+    /// request takes it over in the takeover's two steps.
     pub(super) async fn release(&self) {
-        if let Err(err) = (*self.store)
-            .release(&self.kept.scope, &self.kept.key, self.kept.lease)
+        if self.try_release(1).await != Err(Retryable(true)) {
+            return;
+        }
+        // Boxed: a rare path, whose timer would otherwise be held inline
+        // by every request's future.
+        let retried = Box::pin(self.patiently(|attempt| self.try_release(attempt))).await;
+        if retried != Err(Retryable(true)) {
+            return;
+        }
+        tracing::error!(
+            key = self.kept.key,
+            "releasing an idempotency key kept failing; trying again in the background until \
+             the store frees it"
+        );
+        let (store, kept) = (self.store.clone(), self.kept.clone());
+        drop(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(COMPLETE_BACKOFF_CAP).await;
+                match (*store).release(&kept.scope, &kept.key, kept.lease).await {
+                    Err(err) if err.is_transient() => {}
+                    Err(err) => {
+                        tracing::error!(error = %err, key = kept.key, "the store refused to free an idempotency key; a corrected request takes it over once its lease is stale");
+                        return;
+                    }
+                    // Freed, or no longer ours (taken over): done.
+                    Ok(_) => return,
+                }
+            }
+        }));
+    }
+
+    /// Attempt `attempt` to free the key; `Ok` when it is free or no
+    /// longer ours.
+    async fn try_release(&self, attempt: u32) -> Result<(), Retryable> {
+        let kept = &self.kept;
+        match (*self.store)
+            .release(&kept.scope, &kept.key, kept.lease)
             .await
         {
-            tracing::warn!(error = %err, key = self.kept.key, "releasing an idempotency key failed; it frees after the lock timeout");
+            Ok(_) => Ok(()),
+            Err(err) => {
+                tracing::warn!(error = %err, key = kept.key, attempt, "releasing an idempotency key failed");
+                Err(Retryable(err.is_transient()))
+            }
         }
     }
 }

@@ -36,6 +36,7 @@ use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
 use crate::replay::{to_response, to_stored};
+use crate::scope::announce;
 use crate::store::IdempotencyStore;
 
 use self::claim::{Claim, Settled};
@@ -72,6 +73,7 @@ where
     async move {
         let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
         let scope = config.scope.stored_scope(&parts);
+        announce(&mut parts.extensions, &scope);
         // Before the claim leaves: the store's lock time is no earlier, so
         // the lease is ours for a lock timeout from here.
         let claimed_at = tokio::time::Instant::now();

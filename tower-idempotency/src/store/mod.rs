@@ -45,16 +45,18 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically claims `(scope, key)`, or reports its current state.
     ///
     /// A record that has expired counts as absent. An in-progress record
-    /// whose fingerprint matches and whose lease is *stale* (not extended for
-    /// `lock_timeout`) is taken over (new lease, lock refreshed) only in two
-    /// steps: the first claim that finds it stale marks it as seen stale and
+    /// whose lease is *stale* (not extended for `lock_timeout`), whatever
+    /// its fingerprint, is taken over (new lease, lock refreshed, the
+    /// claimer's fingerprint) only in two steps: the first claim that finds it stale marks it as seen stale and
     /// is answered [`ClaimOutcome::InProgress`]; a claim at least
     /// `lock_timeout` after that mark takes it over, unless the lease was
     /// extended meanwhile. A takeover thus needs the lease stale while the
     /// store is reachable for longer than the owner needs to reach the store
     /// again: an owner cut off from the store for a while (a database
     /// failover) resumes its lease before anyone takes it over, however long
-    /// the outage was.
+    /// the outage was. A different request (a corrected one) takes over the
+    /// key of an owner gone for good (one that died before freeing it) in
+    /// the same two steps, so no lost release strands a key until expiry.
     async fn claim(&self, request: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError>;
 
     /// The state of `(scope, key)` without claiming it: `None` if there is

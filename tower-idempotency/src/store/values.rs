@@ -132,8 +132,9 @@ pub struct ClaimRequest<'a> {
     pub key: &'a str,
     /// Fingerprint of the request.
     pub fingerprint: Fingerprint,
-    /// An in-progress claim whose lock is older than this may be taken over by
-    /// a request with the same fingerprint.
+    /// An in-progress claim whose lock is older than this may be taken over
+    /// (in two steps, see [`IdempotencyStore::claim`](super::IdempotencyStore::claim))
+    /// by a request with any fingerprint.
     pub lock_timeout: Duration,
     /// How long the record lives (from creation or takeover) before it expires.
     pub ttl: Duration,

@@ -542,6 +542,10 @@ pub struct Faulty {
     pub completes: AtomicUsize,
     /// Number of `complete` calls that returned (stored, or failed).
     pub settled: AtomicUsize,
+    /// The next this-many `release` calls fail (transient).
+    pub failing_releases: AtomicUsize,
+    /// Number of `release` calls.
+    pub releases: AtomicUsize,
     /// How long an extension's answer takes to come back after the store
     /// made it (a slow network).
     pub extend_reply_delay: Duration,
@@ -567,6 +571,8 @@ impl Faulty {
             failing_completes: AtomicUsize::new(0),
             completes: AtomicUsize::new(0),
             settled: AtomicUsize::new(0),
+            failing_releases: AtomicUsize::new(0),
+            releases: AtomicUsize::new(0),
             cut_off: std::sync::atomic::AtomicBool::new(false),
             extend_reply_delay: Duration::ZERO,
             changed: tokio::sync::Notify::new(),
@@ -706,6 +712,14 @@ impl IdempotencyStore for Faulty {
         key: &str,
         lease: tower_idempotency::LeaseToken,
     ) -> Result<bool, tower_idempotency::StoreError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .failing_releases
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(tower_idempotency::StoreError::msg("injected failure").transient());
+        }
         self.reachable()?;
         self.inner.release(scope, key, lease).await
     }
