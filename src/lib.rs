@@ -114,6 +114,9 @@
 //!   labelled by host, to whichever exporter (Prometheus, OpenTelemetry,
 //!   StatsD) the application installs; names and labels in `metric_names`.
 
+// docs.rs (`--cfg docsrs`, see Cargo.toml) marks each feature-gated item
+// with the feature it needs; on today's nightly `doc_cfg` does it alone.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 

@@ -311,7 +311,7 @@ impl ReplicaTable {
             .is_some_and(|n| n.addrs.iter().any(|a| a.strikes > 0 || a.ejected(now)))
     }
 
-    /// Names kept now (at most [`MAX_NAMES`]).
+    /// Names kept now (at most 1 024, the idlest dropped first).
     pub fn len(&self) -> usize {
         lock(&self.names).len()
     }
