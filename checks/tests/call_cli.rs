@@ -1098,7 +1098,7 @@ fn an_unknown_option_gets_clap_s_plain_error() {
 
 #[test]
 fn the_readme_names_every_option_help_lists() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/call.md");
     let start = readme.find("## The `call` command").unwrap();
     let section = &readme[start..];
     let section = &section[..section[3..].find("\n## ").unwrap()];

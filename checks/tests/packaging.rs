@@ -166,8 +166,9 @@ fn the_published_crates_carry_what_a_registry_page_shows() {
     }
 }
 
-/// What `cargo package` may ship: the sources, what they include, the
-/// demo, the README and the licences, and the files cargo writes.
+/// What `cargo package` may ship: the sources, what they include (the
+/// SQL, the guide's pages), the demo, the README and the licences, and
+/// the files cargo writes.
 fn shipped(file: &str) -> bool {
     const WRITTEN: [&str; 4] = [
         "Cargo.toml",
@@ -178,6 +179,7 @@ fn shipped(file: &str) -> bool {
     const READ: [&str; 3] = ["README.md", "LICENSE-MIT", "LICENSE-APACHE"];
     (file.starts_with("src/") && file.ends_with(".rs"))
         || (file.starts_with("migrations/") && file.ends_with(".sql"))
+        || (file.starts_with("docs/") && file.ends_with(".md"))
         || file == "examples/demo.rs"
         || WRITTEN.contains(&file)
         || READ.contains(&file)
