@@ -126,7 +126,10 @@
 /// The guide: the long form of the README, one page per topic, rendered
 /// here (the same pages are `docs/` in the repository, where `cargo test`
 /// compiles every snippet in them). Documentation only, no items.
-#[cfg(doc)]
+// Rendered by `cargo doc`; `cargo test --doc` (which sets `doc` too)
+// compiles the pages through `GuideDoctests`, with the dependencies
+// their examples use.
+#[cfg(all(doc, not(doctest)))]
 pub mod _guide {
     /// Using it: versions, retry admission, per-request options and the report, the status table, the defaults, every knob, retrying anything async.
     pub mod using {

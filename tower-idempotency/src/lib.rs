@@ -197,7 +197,10 @@ struct GuideDoctests;
 /// The guide: the long form of the README, one page per topic, rendered
 /// here (the same pages are `docs/` in the repository, where `cargo test`
 /// compiles every snippet in them). Documentation only, no items.
-#[cfg(doc)]
+// Rendered by `cargo doc`; `cargo test --doc` (which sets `doc` too)
+// compiles the pages through `GuideDoctests`, with the dependencies
+// their examples use.
+#[cfg(all(doc, not(doctest)))]
 pub mod _guide {
     /// What happens to a request: each path through the layer, after the handler started, what is guaranteed for which handlers, through a database failover.
     pub mod requests {
