@@ -1,5 +1,8 @@
 //! Make service-to-service HTTP calls safe to retry.
 //!
+//! This page is the reference; the long form, one page per topic, is the
+//! guide ([`_guide`]).
+//!
 //! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware. Add it to a
 //! client and every call gains, with no other change to your code:
 //!
@@ -117,8 +120,49 @@
 //!   labelled by host, to whichever exporter (Prometheus, OpenTelemetry,
 //!   StatsD) the application installs; names and labels in `metric_names`.
 
+// docs.rs (`--cfg docsrs`, see Cargo.toml) marks each feature-gated item
+// with the feature it needs; on today's nightly `doc_cfg` does it alone.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+/// The guide: the long form of the README, one page per topic, rendered
+/// here (the same pages are `docs/` in the repository, where `cargo test`
+/// compiles every snippet in them). Documentation only, no items.
+// Rendered by `cargo doc`; `cargo test --doc` (which sets `doc` too)
+// compiles the pages through `GuideDoctests`, with the dependencies
+// their examples use.
+#[cfg(all(doc, not(doctest)))]
+pub mod _guide {
+    /// Using it: versions, retry admission, per-request options and the report, the status table, the defaults, every knob, retrying anything async.
+    pub mod using {
+        #![doc = include_str!("../docs/using.md")]
+    }
+    /// In production: one bad replica, hedged requests, other retry layers, a stack of services.
+    pub mod production {
+        #![doc = include_str!("../docs/production.md")]
+    }
+    /// Coming from reqwest-retry: the swap, the table of equivalents, the deliberate differences.
+    pub mod migrating {
+        #![doc = include_str!("../docs/migrating.md")]
+    }
+    /// Observability: the report, tracing, metrics and the Prometheus scrape.
+    pub mod observability {
+        #![doc = include_str!("../docs/observability.md")]
+    }
+    /// Testing code that retries.
+    pub mod testing {
+        #![doc = include_str!("../docs/testing.md")]
+    }
+    /// The `call` command and the payments demo.
+    pub mod call {
+        #![doc = include_str!("../docs/call.md")]
+    }
+    /// The repository's layout, for contributors.
+    pub mod layout {
+        #![doc = include_str!("../docs/layout.md")]
+    }
+}
 
 // The floors, bottom up: each uses only the floors below it (each
 // folder's `mod.rs` says which), and none reaches back up.

@@ -8,3 +8,15 @@
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's pages (rendered on docs.rs as `reqwest_safe_retry::_guide`)
+/// compile as doctests here, with the dependencies their examples use.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/using.md")]
+#[doc = include_str!("../../docs/production.md")]
+#[doc = include_str!("../../docs/migrating.md")]
+#[doc = include_str!("../../docs/observability.md")]
+#[doc = include_str!("../../docs/testing.md")]
+#[doc = include_str!("../../docs/call.md")]
+#[doc = include_str!("../../docs/layout.md")]
+struct GuideDoctests;

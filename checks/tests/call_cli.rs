@@ -828,6 +828,81 @@ async fn insecure_and_cacert_decide_which_certificate_is_trusted() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
 
+/// A self-signed certificate as `openssl req -x509 -subj /CN=127.0.0.1`
+/// makes one (`CA:TRUE`, no subjectAltName), served as the server's own:
+/// curl accepts it when --cacert holds it (OpenSSL trusts the certificate
+/// itself), and still refuses it expired, for another name, or when the
+/// file holds another certificate.
+#[cfg(all(target_os = "linux", feature = "default-tls"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cacert_trusts_a_self_signed_server_certificate_as_curl_does() {
+    use tls::{key, leaf_or_ca, Certificates, Leaf};
+    let openssl_req = Leaf {
+        like_openssl_req: true,
+        ..Leaf::default()
+    };
+    let expired = Leaf {
+        expired: true,
+        ..openssl_req
+    };
+    let server_key = key();
+    let served = |name: &str, leaf: Leaf| leaf_or_ca(name, &server_key, None, leaf);
+    let good = served("127.0.0.1", openssl_req);
+    let (old, elsewhere) = (
+        served("127.0.0.1", expired),
+        served("example.com", openssl_req),
+    );
+    // What is served, what --cacert holds, and why curl refuses it.
+    let cases = [
+        ("self-signed, trusted", &good, &good, None),
+        (
+            "another one trusted",
+            &good,
+            &served("127.0.0.1", openssl_req),
+            Some("self-signed certificate"),
+        ),
+        ("expired", &old, &old, Some("certificate has expired")),
+        (
+            "another name",
+            &elsewhere,
+            &elsewhere,
+            Some("not valid for 127.0.0.1"),
+        ),
+    ];
+    for (case, server, trusted, refused) in cases {
+        let certs = Certificates {
+            ca: trusted.to_pem().unwrap(),
+            server: server.to_pem().unwrap(),
+            server_key: server_key.private_key_to_pem_pkcs8().unwrap(),
+        };
+        let (addr, requests) = tls::tls_server(&certs, 0).await;
+        let ca = temp_file("self-signed.pem");
+        std::fs::write(&ca, &certs.ca).unwrap();
+        let url = format!("https://{addr}/");
+        let out = call(&[
+            "--cacert",
+            ca.to_str().unwrap(),
+            "--max-attempts",
+            "1",
+            &url,
+        ]);
+        std::fs::remove_file(&ca).unwrap();
+        let read = requests.load(std::sync::atomic::Ordering::SeqCst);
+        match refused {
+            None => {
+                assert_eq!(out.status.code(), Some(0), "{case}: {}", stderr(&out));
+                assert_eq!(stdout(&out), "ok over tls\n", "{case}");
+            }
+            Some(why) => {
+                assert_eq!(out.status.code(), Some(60), "{case}: {}", stderr(&out));
+                assert!(stderr(&out).starts_with("call: (60) "), "{case}");
+                assert!(stderr(&out).contains(why), "{case}: {}", stderr(&out));
+                assert_eq!(read, 0, "{case}: nothing is sent to an untrusted server");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn max_time_is_the_call_s_deadline_and_exits_28() {
     // The server never answers in time; the call gives up at its deadline
@@ -880,6 +955,9 @@ async fn user_sends_basic_auth_and_user_agent_its_name_unless_h_gives_them() {
     assert!(all("authorization")[3].is_empty());
     let agents = all("user-agent");
     assert_eq!(agents[..2], [["probe/1.0"], ["probe/2.0"]]);
+    // Without -A, one as curl's `curl/8.5.0`: the command and its version.
+    let ours = format!("call/{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(agents[2], [ours.as_str()], "a default User-Agent");
     assert_eq!(agents[3], ["b"], "-H wins, and only one goes");
 }
 
@@ -1020,7 +1098,7 @@ fn an_unknown_option_gets_clap_s_plain_error() {
 
 #[test]
 fn the_readme_names_every_option_help_lists() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/call.md");
     let start = readme.find("## The `call` command").unwrap();
     let section = &readme[start..];
     let section = &section[..section[3..].find("\n## ").unwrap()];

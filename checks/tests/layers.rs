@@ -52,16 +52,23 @@ enum Token {
 
 impl Crate {
     fn read(root: &Path) -> Crate {
+        Crate::read_src(&root.join("src"))
+    }
+
+    /// The modules under `src`, whose root file is `lib.rs` or `main.rs`
+    /// (an example of several files has a folder of its own).
+    fn read_src(src: &Path) -> Crate {
         let mut modules = BTreeMap::new();
-        let src = root.join("src");
-        for path in rust_files(&src) {
-            let relative = path.strip_prefix(&src).unwrap();
+        for path in rust_files(src) {
+            let relative = path.strip_prefix(src).unwrap();
             let mut module: Module = relative
                 .with_extension("")
                 .iter()
                 .map(|part| part.to_string_lossy().into_owned())
                 .collect();
-            if matches!(module.last().map(String::as_str), Some("mod" | "lib")) {
+            if matches!(module.last().map(String::as_str), Some("mod" | "lib"))
+                || module == ["main"]
+            {
                 module.pop();
             }
             let text = fs::read_to_string(&path).unwrap();
@@ -645,6 +652,18 @@ fn the_client_has_no_circle_of_imports() {
 #[test]
 fn the_server_crate_has_no_circle_of_imports() {
     assert_no_circle("tower-idempotency", "tower-idempotency");
+}
+
+#[test]
+fn the_call_example_has_no_circle_of_imports() {
+    let krate = Crate::read_src(&crate_root("checks/examples/call"));
+    let arrows = krate.arrows();
+    print_graph("examples/call", &krate, &arrows);
+    let found = circles(&arrows);
+    assert!(
+        found.is_empty(),
+        "examples/call: a circle of imports: {found:?}"
+    );
 }
 
 #[test]

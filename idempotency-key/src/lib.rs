@@ -43,10 +43,18 @@
 //!   `\`; no other escape exists.
 //! * Whitespace around the value (spaces, tabs) is not part of it
 //!   (RFC 9110 §5.5).
+// docs.rs (`--cfg docsrs`, see Cargo.toml) marks each feature-gated item
+// with the feature it needs; on today's nightly `doc_cfg` does it alone.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
 mod caller;
+
+/// The README's example compiles and runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 use std::borrow::Cow;
 use std::fmt;

@@ -33,7 +33,7 @@ pub(crate) type Rng = Box<dyn RngCore + Send>;
 
 /// The retry policy: what to retry, how long to wait, and how much.
 ///
-/// `RetryPolicy::default()` is the safe default described in the README;
+/// `RetryPolicy::default()` is the safe default described in the guide ("Defaults, and why");
 /// [`RetryPolicy::builder`] changes any part of it.
 #[derive(Clone)]
 pub struct RetryPolicy {

@@ -12,7 +12,7 @@
 //! # takes(classifier);
 //! ```
 //!
-//! The default table (the README's "What it does" shows the same):
+//! The default table (the guide's "What it does", docs/using.md, shows the same):
 //!
 //! | outcome | class |
 //! |---|---|

@@ -229,7 +229,12 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// without polling it holds the key in progress (`409`) for as long.
 ///
 /// In PostgreSQL's transactional mode
-/// ([`IdempotencyLayer::transactional`]) the request runs in the response
+#[cfg_attr(feature = "postgres", doc = "([`IdempotencyLayer::transactional`])")]
+#[cfg_attr(
+    not(feature = "postgres"),
+    doc = "(`IdempotencyLayer::transactional`, feature `postgres`)"
+)]
+/// the request runs in the response
 /// future itself: dropping it rolls the request's transaction back, so
 /// nothing it wrote is committed, the key stays free, and a retry runs the
 /// request once.

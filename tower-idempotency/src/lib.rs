@@ -2,6 +2,9 @@
 //! `Idempotency-Key` HTTP header (IETF draft *The Idempotency-Key HTTP Header
 //! Field*, with Stripe's semantics).
 //!
+//! This page is the reference; the long form, one page per topic, is the
+//! guide ([`_guide`]).
+//!
 //! ```
 //! use axum::{body::Body, http::{Request, StatusCode}, routing::post, Router};
 //! use std::sync::atomic::{AtomicUsize, Ordering};
@@ -178,6 +181,9 @@
 //! (`about:blank`), `title`, `status`, `detail` and a `code`; see
 //! [`ProblemKind`].
 
+// docs.rs (`--cfg docsrs`, see Cargo.toml) marks each feature-gated item
+// with the feature it needs; on today's nightly `doc_cfg` does it alone.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
@@ -186,6 +192,35 @@
 #[cfg(all(doctest, feature = "postgres", feature = "redis"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's pages compile as doctests too.
+#[cfg(all(doctest, feature = "postgres", feature = "redis"))]
+#[doc = include_str!("../docs/requests.md")]
+#[doc = include_str!("../docs/configuration.md")]
+#[doc = include_str!("../docs/stores.md")]
+struct GuideDoctests;
+
+/// The guide: the long form of the README, one page per topic, rendered
+/// here (the same pages are `docs/` in the repository, where `cargo test`
+/// compiles every snippet in them). Documentation only, no items.
+// Rendered by `cargo doc`; `cargo test --doc` (which sets `doc` too)
+// compiles the pages through `GuideDoctests`, with the dependencies
+// their examples use.
+#[cfg(all(doc, not(doctest)))]
+pub mod _guide {
+    /// What happens to a request: each path through the layer, after the handler started, what is guaranteed for which handlers, through a database failover.
+    pub mod requests {
+        #![doc = include_str!("../docs/requests.md")]
+    }
+    /// Configuration: scoping, what counts as the same request, leases and the lock timeout, the expiry window, the problem responses.
+    pub mod configuration {
+        #![doc = include_str!("../docs/configuration.md")]
+    }
+    /// Stores: `MemoryStore`, `RedisStore`, `PostgresStore`, the transactional mode.
+    pub mod stores {
+        #![doc = include_str!("../docs/stores.md")]
+    }
+}
 
 mod answer;
 mod body;

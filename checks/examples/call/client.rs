@@ -10,7 +10,9 @@ use reqwest::{redirect, Method, Url};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy};
 
-use super::{verbose, Args};
+use super::args::Args;
+use super::errors::chain;
+use super::verbose;
 
 /// The redirects the last attempt followed: how many, and where they led.
 #[derive(Default)]
@@ -62,7 +64,7 @@ impl Call {
         builder = tls(builder, args.insecure, args.cacert.as_deref())?;
         let inner = builder
             .build()
-            .map_err(|e| format!("building the client: {}", super::output::chain(&e)))?;
+            .map_err(|e| format!("building the client: {}", chain(&e)))?;
         let mut client = ClientBuilder::new(inner).with(RetryMiddleware::new(policy));
         if args.verbose {
             client = client.with(verbose::Headers);
@@ -132,7 +134,9 @@ fn redirect_policy(args: &Args, redirects: &Arc<Redirects>) -> redirect::Policy 
     })
 }
 
-/// -k and --cacert, with the TLS this build has.
+/// -k and --cacert, with the TLS this build has. With rustls (and
+/// OpenSSL at hand, as for curl), `--cacert` is judged as curl does: see
+/// `trust`.
 #[cfg(any(feature = "default-tls", feature = "native-tls"))]
 fn tls(
     builder: reqwest::ClientBuilder,
@@ -144,6 +148,13 @@ fn tls(
         return Ok(builder);
     };
     let pem = std::fs::read(path).map_err(|e| format!("--cacert {}: {e}", path.display()))?;
+    // -k trusts any certificate, the file's too (as curl's -k does).
+    #[cfg(all(target_os = "linux", feature = "default-tls"))]
+    if !insecure {
+        let config =
+            super::trust::config(&pem).map_err(|e| format!("--cacert {}: {e}", path.display()))?;
+        return Ok(builder.tls_backend_preconfigured(config));
+    }
     let certs = reqwest::Certificate::from_pem_bundle(&pem)
         .map_err(|e| format!("--cacert {}: {e}", path.display()))?;
     if certs.is_empty() {

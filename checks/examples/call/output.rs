@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use reqwest_safe_retry::{ReportSlot, RetryError, RetryReport};
 
+use super::args::Args;
 use super::client::{Call, Sent};
-use super::Args;
+use super::errors::chain;
 
 /// What `-w`'s variables read.
 struct Done {
@@ -182,21 +183,6 @@ fn print(out: &mut impl Write, head: Option<&[u8]>, body: &[u8]) -> std::io::Res
         out.write_all(b"\n")?;
     }
     out.flush()
-}
-
-/// An error and its sources, joined with ": ".
-pub(super) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 /// `--report-json`'s line.

@@ -7,7 +7,8 @@ use std::time::Duration;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest_safe_retry::{IdempotencyKey, RequestOptions, RetryPolicy};
 
-use super::{client, output, Args};
+use super::args::Args;
+use super::{client, output};
 
 fn seconds(name: &str, value: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value)
@@ -89,9 +90,12 @@ fn headers(args: &Args) -> Result<HeaderMap, String> {
     } else {
         Vec::new()
     };
-    if let Some(agent) = &args.user_agent {
-        implied.push(("user-agent", agent));
-    }
+    // curl sends `curl/VERSION` unless told otherwise; so does `call`.
+    let default_agent = concat!("call/", env!("CARGO_PKG_VERSION"));
+    implied.push((
+        "user-agent",
+        args.user_agent.as_deref().unwrap_or(default_agent),
+    ));
     if args.compressed {
         implied.push(("accept-encoding", "identity"));
     }

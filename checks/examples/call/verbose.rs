@@ -118,7 +118,7 @@ impl Middleware for Headers {
         let result = next.run(request, extensions).await;
         match &result {
             Ok(response) => eprint!("{}", response_head(response)),
-            Err(e) => eprintln!("* {}", super::output::chain(e)),
+            Err(e) => eprintln!("* {}", super::errors::chain(e)),
         }
         result
     }

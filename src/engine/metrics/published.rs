@@ -41,13 +41,15 @@ use crate::vocabulary::{lock, DigestState};
 /// `http_client_request_duration_seconds`, as OpenTelemetry's Prometheus
 /// exporter does.
 ///
-/// Every series carries the host it was sent to: [`SERVER_ADDRESS`] and
-/// [`SERVER_PORT`] from the request's URL (`_other` for hosts past the
-/// bound, see [`crate::RetryPolicyBuilder::build`]); a generic
-/// [`crate::retry`] operation, which has no host, has neither label. The
-/// duration histogram adds [`METHOD`], and [`STATUS_CODE`] or
-/// [`ERROR_TYPE`] (both for a 4xx or 5xx). Each counter is the
-/// [`crate::MetricsSnapshot`] field its doc names, split by host.
+/// Every series carries the host it was sent to:
+/// [`SERVER_ADDRESS`](names::SERVER_ADDRESS) and
+/// [`SERVER_PORT`](names::SERVER_PORT) from the request's URL (`_other` for
+/// hosts past the bound, see [`crate::RetryPolicyBuilder::build`]); a
+/// generic [`crate::retry`] operation, which has no host, has neither
+/// label. The duration histogram adds [`METHOD`](names::METHOD), and
+/// [`STATUS_CODE`](names::STATUS_CODE) or [`ERROR_TYPE`](names::ERROR_TYPE)
+/// (both for a 4xx or 5xx). Each counter is the [`crate::MetricsSnapshot`]
+/// field its doc names, split by host.
 pub mod names {
     /// Histogram, seconds: the duration of each attempt (OpenTelemetry's
     /// `http.client.request.duration`; a hedged attempt is one sample, its

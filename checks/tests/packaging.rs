@@ -1,0 +1,226 @@
+//! The three published crates package as a registry would take them: a
+//! lock file buildable with the rust-version each declares, the metadata
+//! fields, and a package holding what a user builds and nothing else.
+//!
+//! `.ci/run` also runs `cargo package` itself (with its verification
+//! build) and `cargo doc` with warnings denied; these tests are the fast
+//! part, run by `cargo test`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The published crates, in the order they publish (each depends only on
+/// the ones before it).
+const PUBLISHED: [&str; 3] = ["idempotency-key", "reqwest-safe-retry", "tower-idempotency"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn cargo(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        out.status.success(),
+        "cargo {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn metadata() -> Value {
+    // `--locked`: the lock file as committed, not one cargo would write.
+    serde_json::from_str(&cargo(&["metadata", "--format-version", "1", "--locked"])).unwrap()
+}
+
+/// `1.89`, `1.89.0` -> (1, 89, 0).
+fn version(v: &str) -> (u32, u32, u32) {
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap());
+    let mut next = || parts.next().unwrap_or(0);
+    (next(), next(), next())
+}
+
+/// For each workspace member, the locked packages a `cargo test` of it
+/// builds (its own dependencies of every kind, then theirs without their
+/// dev-dependencies) whose rust-version is newer than the member's.
+fn too_new(meta: &Value) -> BTreeMap<String, Vec<String>> {
+    let packages: BTreeMap<&str, &Value> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p))
+        .collect();
+    let nodes: BTreeMap<&str, &Value> = meta["resolve"]["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["id"].as_str().unwrap(), n))
+        .collect();
+    let deps = |id: &str, with_dev: bool| -> Vec<&str> {
+        nodes[id]["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| {
+                with_dev
+                    || d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].as_str() != Some("dev"))
+            })
+            .map(|d| d["pkg"].as_str().unwrap())
+            .collect()
+    };
+    let mut out = BTreeMap::new();
+    for member in meta["workspace_members"].as_array().unwrap() {
+        let member = member.as_str().unwrap();
+        let declared = version(packages[member]["rust_version"].as_str().unwrap());
+        let mut seen = BTreeSet::new();
+        let mut todo = deps(member, true);
+        while let Some(id) = todo.pop() {
+            if seen.insert(id) {
+                todo.extend(deps(id, false));
+            }
+        }
+        let newer: Vec<String> = seen
+            .iter()
+            .map(|id| packages[id])
+            .filter(|p| {
+                p["rust_version"]
+                    .as_str()
+                    .is_some_and(|v| version(v) > declared)
+            })
+            .map(|p| {
+                let field = |f: &str| p[f].as_str().unwrap().to_owned();
+                format!(
+                    "{} {} needs {}",
+                    field("name"),
+                    field("version"),
+                    field("rust_version")
+                )
+            })
+            .collect();
+        out.insert(packages[member]["name"].as_str().unwrap().to_owned(), newer);
+    }
+    out
+}
+
+#[test]
+fn the_lock_file_needs_no_newer_rustc_than_each_crate_declares() {
+    let meta = metadata();
+    let too_new = too_new(&meta);
+    assert_eq!(too_new.len(), 4, "{too_new:?}");
+    for (member, newer) in &too_new {
+        assert!(
+            newer.is_empty(),
+            "{member}'s tree holds crates needing a newer rustc than its rust-version \
+             (hold them back: `cargo update -p NAME`, the resolver picks a version \
+             that fits): {newer:?}"
+        );
+    }
+}
+
+#[test]
+fn the_published_crates_carry_what_a_registry_page_shows() {
+    let meta = metadata();
+    for name in PUBLISHED {
+        let p = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name && p["source"].is_null())
+            .unwrap();
+        for field in ["description", "license", "readme", "rust_version"] {
+            assert!(p[field].is_string(), "{name} has no {field}");
+        }
+        assert_eq!(
+            p["documentation"].as_str(),
+            Some(format!("https://docs.rs/{name}").as_str())
+        );
+        // docs.rs builds every feature and marks the gated items.
+        let docs_rs = &p["metadata"]["docs"]["rs"];
+        assert_eq!(docs_rs["all-features"], true, "{name}");
+        assert_eq!(
+            docs_rs["rustdoc-args"],
+            serde_json::json!(["--cfg", "docsrs"])
+        );
+        let lib = root().join(
+            Path::new(p["manifest_path"].as_str().unwrap())
+                .parent()
+                .unwrap()
+                .join("src/lib.rs"),
+        );
+        assert!(std::fs::read_to_string(&lib)
+            .unwrap()
+            .contains("#![cfg_attr(docsrs, feature(doc_cfg))]"));
+    }
+}
+
+/// What `cargo package` may ship: the sources, what they include (the
+/// SQL, the guide's pages), the demo, the README and the licences, and
+/// the files cargo writes.
+fn shipped(file: &str) -> bool {
+    const WRITTEN: [&str; 4] = [
+        "Cargo.toml",
+        "Cargo.toml.orig",
+        "Cargo.lock",
+        ".cargo_vcs_info.json",
+    ];
+    const READ: [&str; 3] = ["README.md", "LICENSE-MIT", "LICENSE-APACHE"];
+    (file.starts_with("src/") && file.ends_with(".rs"))
+        || (file.starts_with("migrations/") && file.ends_with(".sql"))
+        || (file.starts_with("docs/") && file.ends_with(".md"))
+        || file == "examples/demo.rs"
+        || WRITTEN.contains(&file)
+        || READ.contains(&file)
+}
+
+#[test]
+fn each_package_ships_the_library_readme_and_licences_and_no_bench_output() {
+    for name in PUBLISHED {
+        // `--allow-dirty`: the list is what a commit of this tree ships.
+        let list = cargo(&["package", "--list", "--allow-dirty", "-p", name]);
+        let files: Vec<&str> = list.lines().collect();
+        let extra: Vec<&&str> = files.iter().filter(|f| !shipped(f)).collect();
+        assert!(extra.is_empty(), "{name} ships {extra:?}");
+        for needed in ["README.md", "LICENSE-MIT", "LICENSE-APACHE", "src/lib.rs"] {
+            assert!(files.contains(&needed), "{name} lacks {needed}");
+        }
+    }
+}
+
+#[test]
+fn only_the_files_a_user_builds_count_as_shipped() {
+    for kept in [
+        "src/lib.rs",
+        "src/a/b.rs",
+        "migrations/0001_x.sql",
+        "examples/demo.rs",
+        "README.md",
+    ] {
+        assert!(shipped(kept), "{kept}");
+    }
+    for dropped in [
+        "bench-results/overhead.txt",
+        ".ci/run",
+        "BENCHMARKS.md",
+        "dashboards/reqwest-safe-retry.json",
+        "fixtures/keys.tsv",
+        "tests/replay.rs",
+        "benches/stores.rs",
+        "examples/loadgen.rs",
+        "src/notes.md",
+    ] {
+        assert!(!shipped(dropped), "{dropped}");
+    }
+}
