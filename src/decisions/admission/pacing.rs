@@ -73,12 +73,12 @@ const MIN_RATE: f64 = 0.5;
 pub(super) const DISCOVER_GROWTH: f64 = 1.5;
 /// The search stops when the rate that failed is within this factor of
 /// the one that works.
-pub(super) const CONVERGED: f64 = 1.03;
+pub(super) const CONVERGED: f64 = 1.3;
 /// The first wait, after the last 429, before the search goes upward.
 const FIRST_PROBE: Duration = Duration::from_secs(1);
 /// And the successful releases since the last 429 it also waits for,
 /// whatever the time: a slow route is not probed every second.
-const PROBE_RELEASES: u32 = 10;
+const PROBE_RELEASES: u32 = 20;
 /// Both double each time a probe is told "too many", at most this many
 /// times (to 64 s and 640 releases).
 const MAX_PROBE_LEVEL: u32 = 6;
@@ -89,6 +89,13 @@ const DOWN_AFTER: u32 = 3;
 /// With no throttling answer for this long after the last one and the
 /// last hold, and nobody held back for a second, pacing ends.
 pub(super) const CALM: Duration = Duration::from_secs(5);
+/// Growth per accepted release once a hold has ended, until the server
+/// throttles again: the queue behind a hold is released at the rate the
+/// server accepts now, found in a few round trips.
+pub(super) const RAMP_GROWTH: f64 = 3.0;
+/// While the rate ramps, a waiting request asks again at least this often
+/// (the next slot comes sooner with every accepted answer).
+const RAMP_POLL: Duration = Duration::from_millis(20);
 
 /// One route's pacing.
 #[derive(Debug, Clone)]
@@ -108,9 +115,29 @@ pub(super) struct Pace {
     /// Whether the rate is the server's published quota: then it is not
     /// searched above.
     published: bool,
+    /// The published quota's rate, if any.
+    quota: Option<f64>,
+    /// The quota's cap was lifted after its reset (and no 429 since).
+    lifted: bool,
+    /// A release faster than the quota after its reset was refused: the
+    /// window's average is the rate, and the cap is kept.
+    cap_kept: bool,
 
     /// The next release slot.
     next: Instant,
+    /// When the last request was released.
+    last_release: Instant,
+    /// Whether a request has been released yet.
+    released_any: bool,
+    /// A hold has ended since the last release: the next one is sent into
+    /// what the server said about the time, not about the rate.
+    reopened: bool,
+    /// Whether the last release was the first after a hold: a 429 to it
+    /// says the hold's reason lasts, not that the rate was too high.
+    after_hold: bool,
+    /// A hold has ended and no 429 to a release has come since: each
+    /// accepted release grows the rate ×[`RAMP_GROWTH`].
+    ramping: bool,
     /// The rate that spaced `next` from the release before it.
     spaced_by: f64,
     /// The rate that spaced the last release from the one before: what its
@@ -181,10 +208,18 @@ impl Pace {
             // faster.
             bad: published.map(|_| rate * CONVERGED),
             published: published.is_some(),
+            quota: published.map(|_| rate),
+            lifted: false,
+            cap_kept: false,
 
             // The first release one interval after the throttling answer:
             // the server has just admitted someone.
             next: after(now, spacing(rate)).unwrap_or(now),
+            last_release: now,
+            released_any: false,
+            reopened: false,
+            after_hold: false,
+            ramping: false,
             spaced_by: rate,
             slot_rate: rate,
             hold: None,
@@ -208,32 +243,6 @@ impl Pace {
         self.rate
     }
 
-    /// Holds every release until `until` from `now` (a Retry-After, a
-    /// quota's reset the policy accepted); pacing goes on for [`CALM`]
-    /// after it ends.
-    pub(super) fn hold(&mut self, now: Instant, until: Duration) {
-        let year = Duration::from_secs(86_400 * 365);
-        let at = after(now, until)
-            .or_else(|| after(now, year))
-            .unwrap_or(now);
-        self.hold = Some(self.hold.map_or(at, |h| h.max(at)));
-        self.quiet_since = self.quiet_since.max(at);
-    }
-
-    /// Holds every release until `until` from `now` because the server
-    /// said the route's quota is spent until then: first attempts too.
-    pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
-        self.hold(now, until);
-        let at = after(now, until).or(self.hold);
-        self.quota_reset = self.quota_reset.max(at);
-    }
-
-    /// Whether the server said at `now` that the route's quota is spent
-    /// (its reset has not come yet).
-    pub(super) fn quota_spent(&self, now: Instant) -> bool {
-        self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
-    }
-
     /// When the route last throttled or its last hold ends.
     pub(super) fn quiet_since(&self) -> Instant {
         self.quiet_since
@@ -250,11 +259,17 @@ impl Pace {
         hint: Option<Duration>,
     ) {
         self.quiet_since = self.quiet_since.max(now);
-        // A 429's "later" holds the route. A 503's is that call's own
-        // floor: a 503 now and then would otherwise hold the route for
+        // A 429's "later" holds the route: the answer that began the
+        // pacing, and those to released requests. A 503's is that call's
+        // own floor: a 503 now and then would otherwise hold the route for
         // ever; and so is a 429's once they are seen not to follow the
-        // rate.
-        if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated) {
+        // rate, and one to a request the pacing did not send (a new call
+        // let through) once a hold was set: its caller sleeps it, and the
+        // queue's next release asks the server itself, rather than wait
+        // for the latest of many callers' hints after the server has
+        // recovered.
+        let first = !self.released_any && self.hold.is_none();
+        if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated && (released || first)) {
             self.hold(now, hint);
         }
         if !released {
@@ -265,6 +280,12 @@ impl Pace {
             // Failing anyway, whatever the rate: nothing to learn.
             return;
         }
+        if self.after_hold {
+            // Sent as the hold ended, spaced by the hold: the server is
+            // still closed, whatever the rate.
+            return;
+        }
+        self.ramping = false;
         if self.good.is_some_and(|g| self.slot_rate <= g) {
             self.contradictions += 1;
             if self.contradictions >= UNRELATED_AFTER {
@@ -297,6 +318,15 @@ impl Pace {
             .max(accepted)
             .min(rate)
             .clamp(MIN_RATE, self.max_rate.max(MIN_RATE));
+        if let Some(quota) = self.quota.filter(|_| std::mem::take(&mut self.lifted)) {
+            // Faster than the quota after its reset was refused: its
+            // average is the rate after all, a cap from now on.
+            self.published = true;
+            self.cap_kept = true;
+            self.rate = quota;
+            self.good = Some(quota);
+            self.bad = Some(quota * CONVERGED);
+        }
         // The next slot a full interval after this answer.
         if let Some(next) = after(now, spacing(self.rate)) {
             self.next = self.next.max(next);
@@ -309,6 +339,14 @@ impl Pace {
         self.successes = self.successes.saturating_add(1);
         if !released {
             return;
+        }
+        if self.published && !self.cap_kept && !self.quota_spent(now) && self.quota_reset.is_some()
+        {
+            // A window's average is a cap only while the quota is spent:
+            // past its reset the server says what it accepts by answering.
+            self.published = false;
+            self.lifted = true;
+            self.bad = None;
         }
         let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
         self.good = Some(good);
@@ -328,59 +366,30 @@ impl Pace {
             // No "too many" for a probe interval: try faster.
             self.probing = true;
         }
+        let growth = if self.ramping && !self.probing {
+            RAMP_GROWTH
+        } else {
+            DISCOVER_GROWTH
+        };
         let next = match self.bad {
             Some(bad) if !self.probing && bad > good * CONVERGED => (good + bad) / 2.0,
             Some(_) if !self.probing => good,
-            _ => self.rate.max(good * DISCOVER_GROWTH),
+            _ => self.rate.max(good * growth),
         };
         self.rate = next.min(self.max_rate.max(MIN_RATE));
-    }
-
-    /// Whether the pacing decides at `now`: always during a hold (a
-    /// Retry-After, a spent quota), and afterwards unless every released
-    /// request has been throttled, [`DOWN_AFTER`] of them: a route that
-    /// admits nothing, answering 503 with Retry-After after its 429s, is
-    /// down, not rate-limited; its new calls are not held, and its retries
-    /// are the outage admission's (bucket, probes, release) until it
-    /// admits one. Nor once its 429s are seen not to follow the rate
-    /// ([`UNRELATED_AFTER`]), but for a spent quota's hold.
-    pub(super) fn governs(&self, now: Instant) -> bool {
-        self.hold.is_some_and(|h| h > now)
-            || (!self.unrelated && (self.successes > 0 || self.throttled_releases < DOWN_AFTER))
-    }
-
-    /// Whether pacing is over at `now`: no throttling answer for [`CALM`]
-    /// since the last one and since the last hold ended, nobody held back
-    /// for a second.
-    pub(super) fn ended(&self, now: Instant) -> bool {
-        now.saturating_duration_since(self.quiet_since) >= CALM
-            && self
-                .last_denied
-                .is_none_or(|d| now.saturating_duration_since(d) >= Duration::from_secs(1))
-    }
-
-    /// Takes the release slot if it is due at `now`, or says how long until
-    /// it is.
-    pub(super) fn release(&mut self, now: Instant) -> Result<(), Duration> {
-        let mut slot = self.next;
-        if let Some(hold) = self.hold {
-            if hold > now {
-                slot = slot.max(hold);
-            } else {
-                self.hold = None;
+        if self.ramping {
+            // The next slot at the new rate, from the last release: the
+            // queue need not wait out a spacing the server has outgrown.
+            if let Some(sooner) = after(self.last_release, spacing(self.rate)) {
+                if sooner < self.next {
+                    self.next = sooner;
+                    self.spaced_by = self.rate;
+                }
             }
         }
-        if slot > now {
-            self.last_denied = Some(now);
-            return Err(slot - now);
-        }
-        // No catching up after a quiet spell: one request per slot.
-        self.next = after(now, spacing(self.rate)).unwrap_or(now);
-        self.slot_rate = self.spaced_by;
-        self.spaced_by = self.rate;
-        Ok(())
     }
 }
 
+mod release;
 #[cfg(test)]
 mod tests;
