@@ -13,7 +13,7 @@ use super::super::{
     Admission, AttemptRecord, AttemptResult, FirstAttemptPacing, Grant, GrantSource,
     RetryAdmission, RetryKind, RetryRequest,
 };
-use super::{after, AdaptiveAdmission, Due, Host, WAITER_STALE_POLLS};
+use super::{after, AdaptiveAdmission, Due, WAITER_STALE_POLLS};
 
 /// The longest a probe whose caller never reported holds its host's one
 /// probe slot.
@@ -209,52 +209,7 @@ impl RetryAdmission for AdaptiveAdmission {
     }
 }
 
-/// The most routes of one host paced at once: past it, the route calm the
-/// longest makes room (a host whose every object id is its own path must
-/// not grow the table without bound).
-const MAX_PACED_ROUTES: usize = 64;
-
 impl AdaptiveAdmission {
-    /// The rate, requests per second, at which a paced route's requests
-    /// are released; `None` when the route is not paced.
-    pub fn pace_rate(&self, partition: Partition, route: Route) -> Option<f64> {
-        self.hosts
-            .peek(partition, |h| {
-                h.paces
-                    .as_ref()?
-                    .0
-                    .iter()
-                    .find(|(r, _)| *r == route)
-                    .map(|(_, p)| p.rate())
-            })
-            .flatten()
-    }
-
-    /// The pacing of a host's route at `now`; the host's pacings that have
-    /// ended are dropped first.
-    pub(super) fn pace<'h>(
-        &self,
-        h: &'h mut Host,
-        route: Route,
-        now: Instant,
-    ) -> Option<&'h mut Pace> {
-        let paces = &mut h.paces.as_mut()?.0;
-        let before = paces.len();
-        paces.retain(|(_, p)| !p.ended(now));
-        self.paced
-            .fetch_sub(before - paces.len(), Ordering::Relaxed);
-        if paces.is_empty() {
-            h.paces = None; // give the memory back
-            return None;
-        }
-        h.paces
-            .as_mut()?
-            .0
-            .iter_mut()
-            .find(|(r, _)| *r == route)
-            .map(|(_, p)| p)
-    }
-
     /// A paced host's answer. The wait is bounded by the request's
     /// deadline, not by `max_admission_wait`: a host that admits five
     /// requests a second takes forty seconds for two hundred, and each
@@ -286,25 +241,34 @@ impl AdaptiveAdmission {
         let quota_rate = attempt.rate_limit().and_then(|r| r.quota_rate());
         let max_rate = self.config.max_release_rate;
         let route = attempt.route();
+        let throttling = attempt.was_too_fast() || exhausted.is_some();
+        // The answer's hint, if it holds a pacing: a 429's Retry-After.
+        let hint = attempt.retry_after().filter(|_| attempt.was_too_fast());
         self.host(partition, now, |h| {
+            if success {
+                self.no_wider(h);
+            }
             // Pacings that have ended are dropped here too, so that a
             // host's successes stop taking this lock once it is calm.
             if self.pace(h, route, now).is_none() {
                 // Only the server's word about the rate starts a pacing.
-                if !attempt.was_too_fast() && exhausted.is_none() {
+                if !throttling {
                     return;
                 }
-                let paces = &mut h.paces.get_or_insert_with(Box::default).0;
-                if paces.len() >= MAX_PACED_ROUTES {
-                    // The route calm the longest makes room.
-                    if let Some(i) = (0..paces.len()).min_by_key(|i| paces[*i].1.quiet_since()) {
-                        paces.swap_remove(i);
-                        self.paced.fetch_sub(1, Ordering::Relaxed);
-                    }
-                }
-                paces.push((route, Pace::begin(now, quota_rate, max_rate)));
-                self.paced.fetch_add(1, Ordering::Relaxed);
+                self.begin_route(h, route, Pace::begin(now, quota_rate, max_rate));
             }
+            // A pacing just widened to the host sent none of its requests.
+            // A success is no evidence of a wider limit, even one that
+            // says its route's quota is spent.
+            let widened = throttling
+                && !success
+                && self.widen(
+                    h,
+                    route,
+                    (Pace::begin(now, quota_rate, max_rate), hint),
+                    now,
+                );
+            let released = released && !widened;
             let Some(pace) = self.pace(h, route, now) else {
                 return;
             };

@@ -6,14 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::{ConfigError, Partition, Route};
+use crate::vocabulary::{ConfigError, Partition};
 
-use super::pacing::Pace;
 use super::partitions::{Bounds, Partitions};
 use super::{Admission, Grant, GrantSource};
 
 mod admit;
 mod config;
+mod scope;
 
 pub use config::AdaptiveConfig;
 
@@ -78,11 +78,6 @@ pub struct AdaptiveAdmission {
     paced: AtomicUsize,
 }
 
-/// A host's paced routes (a `Vec` boxed once more, so that a host with
-/// none costs one pointer).
-#[derive(Debug, Default)]
-struct Paces(Vec<(Route, Pace)>);
-
 /// When the next probe may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Due {
@@ -125,7 +120,7 @@ struct Host {
     /// Pacing, per route, while a route throttles or its quota is spent
     /// (boxed: most hosts never need it, and a host's size is what
     /// `max_partitions` bounds).
-    paces: Option<Box<Paces>>,
+    paces: Option<Box<scope::Paces>>,
 }
 
 impl Host {
