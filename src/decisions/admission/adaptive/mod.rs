@@ -13,7 +13,6 @@ use super::{Admission, Grant, GrantSource};
 
 mod admit;
 mod config;
-mod scope;
 
 pub use config::AdaptiveConfig;
 
@@ -54,7 +53,8 @@ const WAITER_STALE_POLLS: u32 = 4;
 /// retries and first attempts go out one per release slot, at the rate it
 /// is seen to accept, none before its Retry-After or reset; the bucket and
 /// the probes do not apply to them meanwhile. The host's other routes are
-/// not held.
+/// not held, unless several routes were throttled within a second with
+/// none succeeding: then the host is paced as one until it is calm.
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
@@ -120,7 +120,7 @@ struct Host {
     /// Pacing, per route, while a route throttles or its quota is spent
     /// (boxed: most hosts never need it, and a host's size is what
     /// `max_partitions` bounds).
-    paces: Option<Box<scope::Paces>>,
+    paces: Option<Box<admit::Paces>>,
 }
 
 impl Host {
