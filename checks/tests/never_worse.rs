@@ -421,13 +421,19 @@ enum Excuse {
 
 /// Whether, by `until`, two of the host's paths were throttled (a 429, or
 /// a spent quota with a reset) within a second of each other with no
-/// success between: the evidence of a limit wider than a path, after
+/// success between, in the order the answers came back: the evidence of a limit wider than a path, after
 /// which the host is paced as one (DESIGN, "Rate-limited hosts"), so
 /// that what holds a throttled path holds every path of the host.
 /// `spent` counts only spent quotas.
 fn host_wide(seen: &[Seen], until: Duration, spent: bool) -> bool {
+    // In the order the client heard the answers.
+    let mut heard: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.at + s.reply.delay <= until)
+        .collect();
+    heard.sort_by_key(|s| s.at + s.reply.delay);
     let mut last: Option<&Seen> = None;
-    for s in seen.iter().filter(|s| s.at <= until) {
+    for s in heard {
         if (200..300).contains(&s.reply.status) && s.reply.spent_for().is_none() {
             last = None;
             continue;
@@ -436,7 +442,10 @@ fn host_wide(seen: &[Seen], until: Duration, spent: bool) -> bool {
         if !(spent_here || (!spent && s.reply.status == 429)) {
             continue;
         }
-        if last.is_some_and(|l| l.path != s.path && s.at - l.at <= Duration::from_secs(1)) {
+        let answered = |s: &Seen| s.at + s.reply.delay;
+        if last.is_some_and(|l| {
+            l.path != s.path && answered(s) - answered(l) <= Duration::from_secs(1)
+        }) {
             return true;
         }
         last = Some(s);
