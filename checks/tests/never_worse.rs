@@ -68,6 +68,9 @@ enum Value {
     /// Unix milliseconds, this many seconds from now (a server that
     /// publishes its reset in the wrong unit).
     EpochMillisIn(u64),
+    /// `"default";r=0;t=<seconds until this time from the host's start,
+    /// rounded up>`: a quota spent until then (made `Text` when given).
+    SpentUntil(Duration),
 }
 
 /// One answer.
@@ -135,6 +138,18 @@ impl Reply {
         }
         let t = field.rsplit(";t=").next()?;
         t.parse().ok().map(Duration::from_secs)
+    }
+
+    /// The reply as given at `at` from the host's start: a quota spent
+    /// until some time says how long is left.
+    fn at(mut self, at: Duration) -> Self {
+        for (_, v) in &mut self.headers {
+            if let Value::SpentUntil(until) = v {
+                let left = until.saturating_sub(at).as_secs_f64().ceil();
+                *v = Value::Text(format!("\"default\";r=0;t={left}"));
+            }
+        }
+        self
     }
 
     /// Whether reqwest-retry retries this status.
@@ -250,7 +265,8 @@ impl Host {
             (Some((t, r)), _) if at < *t => r.clone(),
             (_, Some((n, r))) if (nth + 1).is_multiple_of(*n) => r.clone(),
             _ => path.reply(nth_on_path),
-        };
+        }
+        .at(at);
         seen.push(Seen {
             call,
             path: path.path,
@@ -268,6 +284,7 @@ fn render(value: &Value, now: SystemTime) -> String {
         Value::DateIn(s) => httpdate::fmt_http_date(now + Duration::from_secs(*s)),
         Value::EpochSecondsIn(s) => (unix.as_secs() + s).to_string(),
         Value::EpochMillisIn(s) => (unix.as_millis() + u128::from(*s) * 1000).to_string(),
+        Value::SpentUntil(_) => unreachable!("made text when given"),
     }
 }
 
@@ -380,7 +397,9 @@ enum Excuse {
     /// the same count, another draw of the server's answers.
     SameAttemptsOtherAnswers,
     /// The server's own numbers said the quota of the call's path was
-    /// spent (`X-RateLimit-Remaining: 0`, `RateLimit: r=0`, with a reset
+    /// spent (or, with no success between, the quota of two of the host's
+    /// paths within a second: a limit per account or token, and the host
+    /// is paced as one) (`X-RateLimit-Remaining: 0`, `RateLimit: r=0`, with a reset
     /// we can read): its requests wait for the reset and then go out at
     /// the rate the route accepts, where reqwest-retry sends them anyway;
     /// a server that says "spent" and still accepts can make ours fail by
@@ -402,6 +421,40 @@ enum Excuse {
     /// through at three times the load; here they wait or end
     /// `budget_exhausted`.
     RetryBudgetInAnOutage,
+}
+
+/// Whether, by `until`, two of the host's paths were throttled (a 429, or
+/// a spent quota with a reset) within a second of each other with no
+/// success between, in the order the answers came back: the evidence of a limit wider than a path, after
+/// which the host is paced as one (DESIGN, "Rate-limited hosts"), so
+/// that what holds a throttled path holds every path of the host.
+/// `spent` counts only spent quotas.
+fn host_wide(seen: &[Seen], until: Duration, spent: bool) -> bool {
+    // In the order the client heard the answers.
+    let mut heard: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.at + s.reply.delay <= until)
+        .collect();
+    heard.sort_by_key(|s| s.at + s.reply.delay);
+    let mut last: Option<&Seen> = None;
+    for s in heard {
+        if (200..300).contains(&s.reply.status) && s.reply.spent_for().is_none() {
+            last = None;
+            continue;
+        }
+        let spent_here = s.reply.spent_for().is_some_and(|r| r <= MAX_RETRY_AFTER);
+        if !(spent_here || (!spent && s.reply.status == 429)) {
+            continue;
+        }
+        let answered = |s: &Seen| s.at + s.reply.delay;
+        if last.is_some_and(|l| {
+            l.path != s.path && answered(s) - answered(l) <= Duration::from_secs(1)
+        }) {
+            return true;
+        }
+        last = Some(s);
+    }
+    false
 }
 
 /// Whether the host failed at least a quarter of at least five first
@@ -477,6 +530,11 @@ struct Verdict {
     plain: (usize, Duration, Duration),
     /// Calls slower or failing beyond every deliberate difference.
     violations: Vec<String>,
+    /// Where the host's answers depend on the time alone: our calls
+    /// that failed or ended more than 250 ms after a client that obeys
+    /// the server's Retry-After and resets could ([`past_the_floor`]),
+    /// and the worst such lateness.
+    past_floor: Option<(usize, Duration)>,
 }
 
 /// How long a call waited: its time less the server's time answering it.
@@ -531,6 +589,12 @@ impl std::fmt::Display for Verdict {
                 write!(f, "; {n} {what}: waits {ratio:.2}× reqwest-retry's")?;
             }
         }
+        if let Some((late, worst)) = self.past_floor {
+            write!(
+                f,
+                "; {late} more than 250 ms past a Retry-After-obedient client (worst +{worst:.2?})"
+            )?;
+        }
         write!(f, "; worse beyond them: {}", self.violations.len())
     }
 }
@@ -544,12 +608,14 @@ fn judge(ours: &[Call], theirs: &[Call], seen: &[Seen], their_seen: &[Seen]) -> 
         let own: Vec<&Seen> = seen.iter().filter(|s| s.call == i).collect();
         let their_own: Vec<&Seen> = their_seen.iter().filter(|s| s.call == i).collect();
         let ended = o.began + o.took;
-        let path_spent = seen.iter().any(|s| {
-            s.path == o.path
-                && s.at <= ended
-                && s.reply.spent_for().is_some_and(|r| r <= MAX_RETRY_AFTER)
-        });
+        let path_spent = host_wide(seen, ended, true)
+            || seen.iter().any(|s| {
+                s.path == o.path
+                    && s.at <= ended
+                    && s.reply.spent_for().is_some_and(|r| r <= MAX_RETRY_AFTER)
+            });
         let path_throttled = path_spent
+            || host_wide(seen, ended, false)
             || seen
                 .iter()
                 .any(|s| s.path == o.path && s.at <= ended && s.reply.throttles());
@@ -648,9 +714,59 @@ fn judge(ours: &[Call], theirs: &[Call], seen: &[Seen], their_seen: &[Seen]) -> 
     v
 }
 
+/// When a client that obeys every Retry-After and spent quota's reset
+/// would finish a call begun at `began`, and the jitter it may add on top
+/// (ours: `min(hint / 5, 2 s)` a hint): it sends, and each throttling
+/// answer's hint later sends again, until one lands after the throttling
+/// ends. Only for hosts whose answers depend on the time alone (an
+/// `until` spell over healthy paths); `None` otherwise, or when it would
+/// not finish in `ATTEMPTS`.
+fn obedient_finish(script: &Script, began: Duration) -> Option<(Duration, Duration)> {
+    let (until, reply) = script.until.as_ref()?;
+    if script.every.is_some() || script.paths.iter().any(|p| !p.replies.is_empty()) {
+        return None;
+    }
+    let (mut at, mut jitter) = (began, Duration::ZERO);
+    for _ in 0..ATTEMPTS {
+        if at >= *until {
+            return Some((at, jitter));
+        }
+        let r = reply.clone().at(at);
+        let hint = r.hint().or_else(|| r.spent_for())?;
+        at += hint;
+        jitter += (hint / 5).min(Duration::from_secs(2));
+    }
+    (at >= *until).then_some((at, jitter))
+}
+
+/// How much later than a Retry-After-obedient client each of our calls
+/// finished (beyond that client's own jitter), printed call by call; the
+/// calls more than 250 ms past it, and the worst.
+fn past_the_floor(script: &Script, ours: &[Call]) -> Option<(usize, Duration)> {
+    let (mut late, mut worst) = (0, Duration::ZERO);
+    for (i, call) in ours.iter().enumerate() {
+        let (floor, jitter) = obedient_finish(script, call.began)?;
+        let ended = call.began + call.took;
+        let past = ended.saturating_sub(floor + jitter);
+        println!(
+            "  call {i:3} began {:>6.2?}: ended {:>6.2?}, obedient by {:>6.2?} (+{:.2?} jitter), past it {past:.2?}{}",
+            call.began,
+            ended,
+            floor,
+            jitter,
+            if call.ok { "" } else { ", FAILED" }
+        );
+        worst = worst.max(past);
+        late += usize::from(past > Duration::from_millis(250) || !call.ok);
+    }
+    Some((late, worst))
+}
+
 /// Runs one script through both clients, each against its own fresh
 /// host, on a fresh paused runtime.
-fn compare(script: &Script, seed: u64) -> Verdict {
+/// With `floor`, each call is also measured against a client that obeys
+/// the server's Retry-After ([`past_the_floor`]).
+fn compare(script: &Script, seed: u64, floor: bool) -> Verdict {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -662,15 +778,27 @@ fn compare(script: &Script, seed: u64) -> Verdict {
             traffic(script, ours(&our_host, seed)),
             traffic(script, theirs(&their_host)),
         );
-        judge(&o, &t, &our_host.seen(), &their_host.seen())
+        let mut v = judge(&o, &t, &our_host.seen(), &their_host.seen());
+        if floor {
+            v.past_floor = past_the_floor(script, &o);
+        }
+        v
     })
 }
 
 fn assert_never_worse(name: &str, script: &Script) {
-    let v = compare(script, 7);
+    let v = compare(script, 7, true);
     println!("{name}: {v}");
     if let Some(worse) = v.worse() {
         panic!("{name}: {worse}");
+    }
+    // Where the server's own numbers say when it recovers, no call ends
+    // more than 250 ms after a client that obeys them could.
+    if let Some((late, worst)) = v.past_floor {
+        assert_eq!(
+            late, 0,
+            "{name}: past the obedient floor by up to {worst:?}"
+        );
     }
 }
 
@@ -866,6 +994,21 @@ fn named() -> Vec<(&'static str, Script)> {
                 )
             },
         ),
+        (
+            "a published quota (q=100;w=60) spent until 3 s, then everything accepted; 40 calls held",
+            Script {
+                until: Some((
+                    Duration::from_secs(3),
+                    Reply::status(429)
+                        .with("ratelimit", Value::SpentUntil(Duration::from_secs(3)))
+                        .with(
+                            "ratelimit-policy",
+                            Value::Text("\"default\";q=100;w=60".into()),
+                        ),
+                )),
+                ..script(healthy(), 40, 50)
+            },
+        ),
     ]
 }
 
@@ -891,6 +1034,7 @@ named_case!(a_slow_path, 8);
 named_case!(one_paths_quota_spent, 9);
 named_case!(a_spent_quota_whose_reset_is_no_time, 10);
 named_case!(a_path_throttled_whatever_the_rate, 11);
+named_case!(a_published_quota_spent_then_everything_accepted, 12);
 
 // --- generated scripts ---
 
@@ -1008,7 +1152,7 @@ fn generated_scripts_are_never_worse() {
     let totals = std::cell::RefCell::new(Verdict::default());
     let scripts = std::cell::Cell::new(0u32);
     let result = TestRunner::new(config).run(&(script(), any::<u64>()), |(script, seed)| {
-        let v = compare(&script, seed);
+        let v = compare(&script, seed, false);
         if let Some(worse) = v.worse() {
             return Err(TestCaseError::fail(worse));
         }

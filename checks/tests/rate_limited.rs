@@ -41,7 +41,21 @@ struct Bucket {
     accepted: usize,
 }
 
-/// A leaky bucket with no burst, answering in no time.
+/// A leaky bucket with no burst, answering in no time: nginx's
+/// `limit_req zone=z` with `limit_req_zone $binary_remote_addr zone=z
+/// rate=5r/s;`, no `burst`, `limit_req_status 429;` and `add_header
+/// Retry-After 1 always;`, which is how the issue's real-server numbers
+/// were taken.
+///
+/// It is that limiter, not one like it. nginx keeps, per key, the time of
+/// the last request it accepted and an `excess` (ngx_http_limit_req_module's
+/// lookup: `excess = last_excess - rate × elapsed + 1`, floored at 0; with
+/// no burst a request passes only when `excess` is 0, and a rejected one
+/// changes nothing): with no burst the stored excess is always 0, so a
+/// request passes exactly when `1 / rate` has passed since the last one
+/// accepted, as here. Its key is the client's address, not the URI: one
+/// limit shared by every path of the host, as a per-account or per-token
+/// limit of a public API is; this bucket, too, ignores the path.
 #[derive(Debug, Clone)]
 struct LeakyBucket(Arc<Mutex<Bucket>>);
 
@@ -135,17 +149,27 @@ impl Burst {
 /// `calls` GETs at once through one client against `server`.
 async fn burst(calls: usize, policy: RetryPolicy, server: &LeakyBucket) -> Burst {
     let client = client(policy, server);
+    burst_on(calls, &client, server, |i| format!("/items/{i}")).await
+}
+
+/// `calls` GETs at once through `client` against `server`, call `i` to
+/// `path(i)`.
+async fn burst_on(
+    calls: usize,
+    client: &ClientWithMiddleware,
+    server: &LeakyBucket,
+    path: fn(usize) -> String,
+) -> Burst {
+    let arrived_before = server.arrivals();
     let start = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for i in 0..calls {
         let client = client.clone();
+        let url = format!("http://api.example{}", path(i));
         set.spawn(async move {
-            let response = client
-                .get(format!("http://api.example/items/{i}"))
-                .send()
-                .await
-                .unwrap();
-            let report = response.retry_report().unwrap().clone();
+            let response = client.get(url).send().await.unwrap();
+            // None through reqwest-retry.
+            let report = response.retry_report().cloned();
             (response.status().as_u16(), report, start.elapsed())
         });
     }
@@ -161,18 +185,20 @@ async fn burst(calls: usize, policy: RetryPolicy, server: &LeakyBucket) -> Burst
     while let Some(joined) = set.join_next().await {
         let (status, report, ended) = joined.unwrap();
         if status == 200 {
-            assert_eq!(report.stop_reason(), StopReason::Success);
+            if let Some(report) = &report {
+                assert_eq!(report.stop_reason(), StopReason::Success);
+            }
             out.succeeded += 1;
             out.ended.push(ended);
         }
         out.last = out.last.max(ended);
-        if report.waited_for_rate_limit() {
-            out.waited += 1;
+        if let Some(report) = report {
+            out.waited += usize::from(report.waited_for_rate_limit());
+            out.longest_wait = out.longest_wait.max(report.rate_limit_wait());
         }
-        out.longest_wait = out.longest_wait.max(report.rate_limit_wait());
     }
     out.ended.sort();
-    out.arrivals = server.arrivals();
+    out.arrivals = server.arrivals() - arrived_before;
     out
 }
 
@@ -230,6 +256,82 @@ async fn twenty_calls_against_a_spent_quota_wait_for_its_reset() {
     let b = burst(20, seeded(), &server).await;
     assert_eq!(b.succeeded, 20, "{b:?}");
     assert!(b.load() <= 1.5, "{:.2}× the calls: {b:?}", b.load());
+}
+
+/// Twenty paths of one host, each its own route.
+fn twenty_paths(i: usize) -> String {
+    format!("/resource-{}", char::from(b'a' + i as u8))
+}
+
+fn one_path(i: usize) -> String {
+    format!("/items/{i}")
+}
+
+/// Two waves of 20 calls through one client, the second once the first
+/// has ended: cold (nothing known about the limit), then warm.
+async fn cold_and_warm(policy: RetryPolicy, path: fn(usize) -> String) -> [Burst; 2] {
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let client = client(policy, &server);
+    let cold = burst_on(20, &client, &server, path).await;
+    let warm = burst_on(20, &client, &server, path).await;
+    for (wave, b) in [("cold", &cold), ("warm", &warm)] {
+        println!(
+            "{wave}: {}/20, {:.2}× the calls, last at {:.1?}",
+            b.succeeded,
+            b.load(),
+            b.last
+        );
+    }
+    [cold, warm]
+}
+
+/// Issue 42's real-limit lines, one path: 20/20 cold and warm at most
+/// 2.1× the calls in at most 6.5 s by default; with
+/// `.pace_first_attempts(true)` 20/20 cold and warm at most 1.1×.
+#[tokio::test(start_paused = true)]
+async fn one_limited_path_cold_and_warm() {
+    for b in cold_and_warm(seeded(), one_path).await {
+        assert_eq!(b.succeeded, 20, "{b:?}");
+        assert!(b.load() <= 2.1, "{:.2}× the calls: {b:?}", b.load());
+        assert!(b.last <= Duration::from_millis(6_500), "{b:?}");
+    }
+    let [cold, warm] = cold_and_warm(paced_first(), one_path).await;
+    assert_eq!(cold.succeeded, 20, "{cold:?}");
+    assert_eq!(warm.succeeded, 20, "{warm:?}");
+    assert!(
+        warm.load() <= 1.1,
+        "{:.2}× the calls: {warm:?}",
+        warm.load()
+    );
+}
+
+/// Issue 42: one limit shared by 20 different paths (per account, as
+/// Stripe, GitHub or Shopify limit). Each path paced as if it were alone
+/// sends the retries of twenty paths together when their Retry-After
+/// ends; the limit's scope is learnt from the evidence (several routes
+/// throttled, none succeeding), and the host is paced as one.
+#[tokio::test(start_paused = true)]
+async fn one_limit_shared_by_twenty_paths_lets_all_through_in_both_waves() {
+    let ours = cold_and_warm(seeded(), twenty_paths).await;
+    // reqwest-retry 0.9 as its users run it, three attempts a call.
+    let server = LeakyBucket::new(5, Throttle::RetryAfter);
+    let theirs = ClientBuilder::new(reqwest::Client::new())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(2),
+        ))
+        .with(server.clone())
+        .build();
+    for (b, wave) in ours.iter().zip(["cold", "warm"]) {
+        let t = burst_on(20, &theirs, &server, twenty_paths).await;
+        println!(
+            "reqwest-retry {wave}: {}/20, {:.2}× the calls",
+            t.succeeded,
+            t.load()
+        );
+        assert_eq!(b.succeeded, 20, "{b:?}");
+        assert!(b.succeeded >= t.succeeded);
+        assert!(b.load() <= 2.1, "{:.2}× the calls: {b:?}", b.load());
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,8 +5,9 @@
 //! per host (GitHub's search and core quotas, a payment API's per-account
 //! limits), so a throttling answer proves something about the path it
 //! came from, not about the host's other paths. Pacing is kept per
-//! [`Route`] inside the host's [`crate::Partition`]; the outage admission
-//! stays per host.
+//! [`Route`] inside the host's [`crate::Partition`] (and for the whole
+//! host once several of its routes are throttled together with none
+//! succeeding: a limit per account); the outage admission stays per host.
 
 /// Which route of a partition a request is on: by default its path, with
 /// every segment that looks like an identifier counted as one, so that

@@ -74,11 +74,11 @@
 //! before its Retry-After or its reset ([`Admission::Paced`],
 //! [`GrantSource::Paced`]); its first attempts wait, through
 //! [`RetryAdmission::admit_first`], only while a spent quota's reset has
-//! not come ([`FirstAttemptPacing`]). No other route of the host waits. A 503 with
-//! Retry-After paces nothing: it says "later", not "slower". The engine reports those waits
-//! ([`crate::RetryReport::rate_limit_wait`]); a wait spends no attempt.
-//! Why and how the rate is found: the `pacing` module's docs, in
-//! `src/decisions/admission/pacing.rs`.
+//! not come ([`FirstAttemptPacing`]). Other routes wait only when several
+//! were throttled within a second, none succeeding (a limit per account):
+//! the host is paced as one until calm. A 503 with Retry-After paces
+//! nothing. A wait spends no attempt ([`crate::RetryReport::rate_limit_wait`]).
+//! Why and how: the `pacing` and `adaptive/admit` modules' docs.
 //!
 //! # Writing your own
 //!

@@ -1,67 +1,70 @@
-//! Pacing: after a route of a host throttles (429, or 503 with
-//! Retry-After) or says its quota is spent, its requests wait in admission
-//! and go out one at a time, at the rate the route is seen to accept.
+//! Pacing: after a route of a host throttles (429) or says its quota is
+//! spent, its requests wait in admission and go out one at a time, at the
+//! rate the route is seen to accept.
 //!
 //! # Why pace, and not only back off
 //!
 //! A burst against a rate-limited API is the most common retry storm. With
-//! backoff alone every rejected call sleeps on its own: the ones told the
-//! same `Retry-After` come back together, one gets through, the rest are
-//! rejected again, and three attempts are spent in three seconds. A server
-//! that admits five requests a second needs them one per 200 ms, not
-//! nineteen at once every second. So a throttled host gets a *schedule*:
-//! release slots spaced `1 / rate` apart, none before the server's
-//! `Retry-After` (or its quota's reset), each taken by one waiting request.
-//! A wait for a slot is not an attempt: nothing is sent, nothing is spent.
+//! backoff alone the callers told the same `Retry-After` come back
+//! together, one gets through, the rest are rejected again, and three
+//! attempts are spent in three seconds. A server that admits five requests
+//! a second needs them one per 200 ms. So a throttled route gets a
+//! *schedule*: release slots spaced `1 / rate` apart, none before the
+//! server's `Retry-After` (or its quota's reset), each taken by one waiting
+//! request. A wait for a slot is not an attempt: nothing is spent.
 //!
 //! # What starts it, what a hold is, and how long
 //!
-//! Pacing is kept per [`crate::Route`] of a host: a throttling answer
-//! proves something about the path it came from, not about the host's
-//! other paths. Only the server's own word about the rate starts it: a 429
-//! (too many requests) or a spent quota. A 503 with Retry-After says
-//! "later", not "slower" (a balancer may answer so to one request in five
-//! whatever the rate): it is that call's own floor, and the outage
-//! admission caps the retries of a host that keeps answering so. On a
-//! route already paced it neither drags the rate down nor holds anything.
+//! Pacing is kept per [`crate::Route`]: a throttling answer proves
+//! something about its path, not about the host's other paths, until the
+//! evidence says more (several routes throttled together, none succeeding,
+//! pace the host as one: the admission's `adaptive/admit` module). Only
+//! the server's word about the rate starts it: a 429 or a spent quota. A
+//! 503 with Retry-After says "later", not "slower" (a balancer may answer
+//! so to one request in five whatever the rate): that call's own floor,
+//! and the outage admission's; it neither slows nor holds a paced route.
 //!
-//! A 429's Retry-After holds the route's releases until it has passed, and
-//! so does a spent quota's reset. Only the reset holds the route's first
-//! attempts (unless the policy paces them too): a first attempt is a call
-//! the caller would have made with no retry layer, and only the server's
-//! own numbers say it cannot succeed; the calls held go out one per slot
-//! after the reset. The caller passes only holds the policy accepts:
-//! never longer than its `max_retry_after`, never one it refused.
+//! A 429's Retry-After holds the route's releases until it has passed
+//! (the 429 that began the pacing, and those to released requests: one to
+//! a new call let through is that call's own floor, else the queue would
+//! wait for the latest of many callers' hints), and so does a spent
+//! quota's reset. Only the reset holds first attempts (unless the policy
+//! paces them too): a first attempt is a call the caller would have made
+//! with no retry layer, and only the server's own numbers say it cannot
+//! succeed. The caller passes only holds the policy accepts.
 //!
 //! # The rate
 //!
 //! It starts at the quota's rate when the server published one
-//! (`RateLimit-Policy`), else at [`START_RATE`], and then searches for the
-//! route's rate between the highest rate at which a released request
-//! succeeded and the lowest at which one was told "too many": ×[`DISCOVER_GROWTH`]
-//! a success until a release is told so, then halfway towards the rate
-//! that failed, until the two are within [`CONVERGED`]. Only a 429 says the
-//! rate was too high: a 503, whatever the rate, drags nothing down. A 429
-//! sets the rate back to the highest that worked below it, and never below
-//! the successes per second seen since the throttling began. A 429 to a
-//! release at a rate the route had already admitted contradicts the
-//! search; after [`UNRELATED_AFTER`] of them the 429s are not about the
-//! rate (a balancer answering one request in two so, whatever the rate):
-//! the rate goes back to the best that worked and the route is no longer
-//! paced or held by them, its retries the outage admission's. Once no 429
-//! has come for a probe interval (1 s and [`PROBE_RELEASES`] releases,
-//! both doubling each time the probe is told "too many", back when it is
-//! not), the search goes upward again, so that a host that lifted its limit is followed within a few
-//! releases (not above a published quota). This is the AWS SDKs' adaptive
-//! mode in spirit (a client-side rate that follows throttling answers),
-//! kept per route.
+//! (`RateLimit-Policy`), else at [`START_RATE`], and searches between the
+//! highest rate at which a release succeeded and the lowest at which one
+//! was told "too many": ×[`DISCOVER_GROWTH`] a success until a release is
+//! told so, then halfway towards the rate that failed, until the two are
+//! within [`CONVERGED`] (each step up may cost a Retry-After's hold). A
+//! 429 sets the rate back to the highest that worked below it, never below
+//! the successes per second seen since the throttling began. A 429 at a
+//! rate the route had already admitted contradicts the search; after
+//! [`UNRELATED_AFTER`] of them the 429s are not about the rate (a
+//! balancer's): the route is no longer paced or held by them, its retries
+//! the outage admission's. With no 429 for a probe interval (1 s and
+//! [`PROBE_RELEASES`] releases, doubling each time a probe is told "too
+//! many"), the search goes upward again (not above a published quota).
+//! This is the AWS SDKs' adaptive mode in spirit, kept per route.
 //!
-//! # When it ends
+//! # After a hold: the rate the server accepts now
 //!
-//! With no throttling answer for [`CALM`] after the last one and after the
-//! last hold, and nobody held back for a second, the route is no longer
-//! paced: the host accepts what is sent. A hold that ends therefore never
-//! ends the pacing with it, and the queue behind it goes out at the rate.
+//! A hold says when, not how fast. Once it ends, the queue goes out one at
+//! a time, and while no rate is known to be too fast every accepted
+//! release grows the rate ×[`RAMP_GROWTH`] and brings the next slot in
+//! (waiters ask again when it would come), until the queue is empty or a
+//! 429 ends the ramp: 40 calls behind a server that now accepts all go in
+//! a few hundred milliseconds. A 429 to the first release after a hold
+//! says the server is still closed, not that the rate was too high: it
+//! holds again and lowers nothing. A published window's average (`q / w`)
+//! caps the rate only while the quota is reported spent; past the reset
+//! the rate climbs, unless a faster release is refused: then the average
+//! is the server's rate, and the cap for good. Pacing ends after [`CALM`]
+//! with no throttling answer nor hold, and nobody held back for a second.
 
 use std::time::{Duration, Instant};
 
@@ -73,69 +76,78 @@ const MIN_RATE: f64 = 0.5;
 pub(super) const DISCOVER_GROWTH: f64 = 1.5;
 /// The search stops when the rate that failed is within this factor of
 /// the one that works.
-pub(super) const CONVERGED: f64 = 1.03;
-/// The first wait, after the last 429, before the search goes upward.
+pub(super) const CONVERGED: f64 = 1.3;
+/// The first wait after the last 429 before the search goes upward, and
+/// the successful releases it also waits for (a slow route is not probed
+/// every second); both double each time a probe is told "too many", at
+/// most `MAX_PROBE_LEVEL` times.
 const FIRST_PROBE: Duration = Duration::from_secs(1);
-/// And the successful releases since the last 429 it also waits for,
-/// whatever the time: a slow route is not probed every second.
-const PROBE_RELEASES: u32 = 10;
-/// Both double each time a probe is told "too many", at most this many
-/// times (to 64 s and 640 releases).
+const PROBE_RELEASES: u32 = 20;
 const MAX_PROBE_LEVEL: u32 = 6;
-/// Released requests throttled, with no success since the throttling
-/// began, after which the host looks down rather than rate-limited: it is
-/// no longer paced (the outage admission takes over) until a success.
+/// Released requests throttled, none succeeding since the throttling
+/// began, after which the host looks down rather than rate-limited: not
+/// paced (the outage admission takes over) until a success.
 const DOWN_AFTER: u32 = 3;
 /// With no throttling answer for this long after the last one and the
 /// last hold, and nobody held back for a second, pacing ends.
 pub(super) const CALM: Duration = Duration::from_secs(5);
+/// Growth per accepted release once a hold has ended, until a 429.
+pub(super) const RAMP_GROWTH: f64 = 3.0;
+/// While the rate ramps, a waiting request asks again at least this often.
+const RAMP_POLL: Duration = Duration::from_millis(20);
 
 /// One route's pacing.
 #[derive(Debug, Clone)]
 pub(super) struct Pace {
-    /// When the throttling began.
+    /// When the throttling began; successes, and releases throttled, since.
     began: Instant,
-    /// Successes on this route since then.
     successes: u32,
-    /// Released requests throttled since then.
     throttled_releases: u32,
     /// Releases per second.
     rate: f64,
-    /// The highest rate at which a released request succeeded.
+    /// The highest rate at which a release succeeded, and the lowest at
+    /// which one was told "too many".
     good: Option<f64>,
-    /// The lowest rate at which a released request was told "too many".
     bad: Option<f64>,
-    /// Whether the rate is the server's published quota: then it is not
-    /// searched above.
+    /// Whether the rate is the server's published quota (`quota`): then it
+    /// is not searched above.
     published: bool,
-
-    /// The next release slot.
+    quota: Option<f64>,
+    /// The quota's cap was lifted after its reset (and no 429 since).
+    lifted: bool,
+    /// A release faster than the quota after its reset was refused: the
+    /// cap is kept for good.
+    cap_kept: bool,
+    /// The next release slot, the last release, whether there was one.
     next: Instant,
-    /// The rate that spaced `next` from the release before it.
+    last_release: Instant,
+    released_any: bool,
+    /// A hold has ended since the last release; the last release was the
+    /// first after a hold (a 429 to it says the hold's reason lasts).
+    reopened: bool,
+    after_hold: bool,
+    /// A hold has ended and no 429 to a release has come since.
+    ramping: bool,
+    /// The rates that spaced `next`, and the last release (what its answer
+    /// is about), from the release before.
     spaced_by: f64,
-    /// The rate that spaced the last release from the one before: what its
-    /// answer says something about.
     slot_rate: f64,
-    /// No release before this (a Retry-After, a spent quota's reset);
-    /// `None` once passed or never set.
+    /// No release before this (a Retry-After, a spent quota's reset).
     hold: Option<Instant>,
-    /// When the last spent quota's reset comes: until then the route's
-    /// first attempts are held too.
+    /// When the last spent quota's reset comes: first attempts wait too.
     quota_reset: Option<Instant>,
     /// The later of the last throttling answer and the last hold's end.
     quiet_since: Instant,
-    /// The last 429: the upward search waits `probe_after` from it.
+    /// The last 429: the upward search waits from it.
     last_too_fast: Instant,
-    /// How many times the wait before a probe has doubled.
+    /// How many times the wait before a probe has doubled; successful
+    /// releases since the last 429; whether the search goes upward again.
     probe_level: u32,
-    /// Successful releases since the last 429.
     calm_releases: u32,
-    /// Whether the rate is searched upward again after a calm spell.
     probing: bool,
-
-    /// The last time a request was told to wait for its slot.
+    /// The last time a request was told to wait for its slot; the highest
+    /// rate.
     last_denied: Option<Instant>,
-    /// The highest rate.
     max_rate: f64,
     /// The highest rate at which a released request ever succeeded here
     /// (`good` forgets it when a 429 comes at or below it).
@@ -147,11 +159,9 @@ pub(super) struct Pace {
     unrelated: bool,
 }
 
-/// 429s at a rate the route had already admitted, after which its 429s
-/// are taken as not about the rate. A server that limits the rate admits
-/// a rate that worked until it lowers its limit, and once the rate has
-/// followed it down they stop; a balancer that answers one request in
-/// two 429 whatever the rate contradicts every rate it admitted.
+/// 429s at a rate the route had already admitted after which its 429s are
+/// not about the rate: a limiter contradicts a rate that worked only until
+/// the rate follows its new limit down; a balancer's 429s, every time.
 const UNRELATED_AFTER: u32 = 3;
 
 /// `now + d`, or `None` when not representable.
@@ -177,14 +187,20 @@ impl Pace {
             throttled_releases: 0,
             rate,
             good: None,
-            // A published rate is where the search starts, converged: no
-            // faster.
+            // A published rate is where the search starts, converged.
             bad: published.map(|_| rate * CONVERGED),
             published: published.is_some(),
-
-            // The first release one interval after the throttling answer:
-            // the server has just admitted someone.
+            quota: published.map(|_| rate),
+            lifted: false,
+            cap_kept: false,
+            // One interval after the throttling answer: the server has
+            // just admitted someone.
             next: after(now, spacing(rate)).unwrap_or(now),
+            last_release: now,
+            released_any: false,
+            reopened: false,
+            after_hold: false,
+            ramping: false,
             spaced_by: rate,
             slot_rate: rate,
             hold: None,
@@ -194,7 +210,6 @@ impl Pace {
             probe_level: 0,
             calm_releases: 0,
             probing: false,
-
             last_denied: None,
             max_rate,
             peak: None,
@@ -206,32 +221,6 @@ impl Pace {
     /// The release rate, requests per second.
     pub(super) fn rate(&self) -> f64 {
         self.rate
-    }
-
-    /// Holds every release until `until` from `now` (a Retry-After, a
-    /// quota's reset the policy accepted); pacing goes on for [`CALM`]
-    /// after it ends.
-    pub(super) fn hold(&mut self, now: Instant, until: Duration) {
-        let year = Duration::from_secs(86_400 * 365);
-        let at = after(now, until)
-            .or_else(|| after(now, year))
-            .unwrap_or(now);
-        self.hold = Some(self.hold.map_or(at, |h| h.max(at)));
-        self.quiet_since = self.quiet_since.max(at);
-    }
-
-    /// Holds every release until `until` from `now` because the server
-    /// said the route's quota is spent until then: first attempts too.
-    pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
-        self.hold(now, until);
-        let at = after(now, until).or(self.hold);
-        self.quota_reset = self.quota_reset.max(at);
-    }
-
-    /// Whether the server said at `now` that the route's quota is spent
-    /// (its reset has not come yet).
-    pub(super) fn quota_spent(&self, now: Instant) -> bool {
-        self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
     }
 
     /// When the route last throttled or its last hold ends.
@@ -250,11 +239,11 @@ impl Pace {
         hint: Option<Duration>,
     ) {
         self.quiet_since = self.quiet_since.max(now);
-        // A 429's "later" holds the route. A 503's is that call's own
-        // floor: a 503 now and then would otherwise hold the route for
-        // ever; and so is a 429's once they are seen not to follow the
-        // rate.
-        if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated) {
+        // A 429's "later" holds the route: the one that began the pacing,
+        // and those to released requests. Any other is its call's own floor
+        // (a 503's, or a new call's: the queue asks the server itself).
+        let first = !self.released_any && self.hold.is_none();
+        if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated && (released || first)) {
             self.hold(now, hint);
         }
         if !released {
@@ -265,6 +254,10 @@ impl Pace {
             // Failing anyway, whatever the rate: nothing to learn.
             return;
         }
+        if self.after_hold {
+            return; // sent as the hold ended: the server is still closed
+        }
+        self.ramping = false;
         if self.good.is_some_and(|g| self.slot_rate <= g) {
             self.contradictions += 1;
             if self.contradictions >= UNRELATED_AFTER {
@@ -297,6 +290,14 @@ impl Pace {
             .max(accepted)
             .min(rate)
             .clamp(MIN_RATE, self.max_rate.max(MIN_RATE));
+        if let Some(quota) = self.quota.filter(|_| std::mem::take(&mut self.lifted)) {
+            // Faster than the quota after its reset was refused: a cap.
+            self.published = true;
+            self.cap_kept = true;
+            self.rate = quota;
+            self.good = Some(quota);
+            self.bad = Some(quota * CONVERGED);
+        }
         // The next slot a full interval after this answer.
         if let Some(next) = after(now, spacing(self.rate)) {
             self.next = self.next.max(next);
@@ -309,6 +310,13 @@ impl Pace {
         self.successes = self.successes.saturating_add(1);
         if !released {
             return;
+        }
+        if self.published && !self.cap_kept && !self.quota_spent(now) && self.quota_reset.is_some()
+        {
+            // A window's average caps only while the quota is spent.
+            self.published = false;
+            self.lifted = true;
+            self.bad = None;
         }
         let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
         self.good = Some(good);
@@ -328,30 +336,71 @@ impl Pace {
             // No "too many" for a probe interval: try faster.
             self.probing = true;
         }
+        let growth = if self.ramping && !self.probing {
+            RAMP_GROWTH
+        } else {
+            DISCOVER_GROWTH
+        };
         let next = match self.bad {
             Some(bad) if !self.probing && bad > good * CONVERGED => (good + bad) / 2.0,
             Some(_) if !self.probing => good,
-            _ => self.rate.max(good * DISCOVER_GROWTH),
+            _ => self.rate.max(good * growth),
         };
         self.rate = next.min(self.max_rate.max(MIN_RATE));
+        if self.ramping {
+            // The next slot at the new rate, from the last release.
+            if let Some(sooner) = after(self.last_release, spacing(self.rate)) {
+                if sooner < self.next {
+                    self.next = sooner;
+                    self.spaced_by = self.rate;
+                }
+            }
+        }
     }
 
-    /// Whether the pacing decides at `now`: always during a hold (a
-    /// Retry-After, a spent quota), and afterwards unless every released
-    /// request has been throttled, [`DOWN_AFTER`] of them: a route that
-    /// admits nothing, answering 503 with Retry-After after its 429s, is
-    /// down, not rate-limited; its new calls are not held, and its retries
-    /// are the outage admission's (bucket, probes, release) until it
-    /// admits one. Nor once its 429s are seen not to follow the rate
-    /// ([`UNRELATED_AFTER`]), but for a spent quota's hold.
+    /// Holds every release until `until` from `now` (a Retry-After, a
+    /// quota's reset); pacing goes on for [`CALM`] after it ends.
+    pub(super) fn hold(&mut self, now: Instant, until: Duration) {
+        let year = Duration::from_secs(86_400 * 365);
+        let at = after(now, until)
+            .or_else(|| after(now, year))
+            .unwrap_or(now);
+        self.hold = Some(self.hold.map_or(at, |h| h.max(at)));
+        self.quiet_since = self.quiet_since.max(at);
+    }
+
+    /// Holds every release until `until` from `now` because the server
+    /// said the route's quota is spent until then: first attempts too.
+    pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
+        self.hold(now, until);
+        let at = after(now, until).or(self.hold);
+        self.quota_reset = self.quota_reset.max(at);
+    }
+
+    /// Holds as long as `other` holds (a route's, folded into its host's).
+    pub(super) fn take_holds_of(&mut self, other: &Pace) {
+        self.hold = self.hold.max(other.hold);
+        self.quota_reset = self.quota_reset.max(other.quota_reset);
+        self.quiet_since = self.quiet_since.max(other.quiet_since);
+    }
+
+    /// Whether the route's quota is spent at `now` (its reset to come).
+    pub(super) fn quota_spent(&self, now: Instant) -> bool {
+        self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
+    }
+
+    /// Whether the pacing decides at `now`: always during a hold, and
+    /// afterwards unless [`DOWN_AFTER`] released requests were throttled
+    /// and none succeeded (down, not rate-limited: its retries are the
+    /// outage admission's until it admits one), or its 429s are seen not
+    /// to follow the rate ([`UNRELATED_AFTER`]).
     pub(super) fn governs(&self, now: Instant) -> bool {
         self.hold.is_some_and(|h| h > now)
             || (!self.unrelated && (self.successes > 0 || self.throttled_releases < DOWN_AFTER))
     }
 
-    /// Whether pacing is over at `now`: no throttling answer for [`CALM`]
-    /// since the last one and since the last hold ended, nobody held back
-    /// for a second.
+    /// Whether pacing is over at `now`: no throttling answer nor hold for
+    /// [`CALM`], nobody held back for a second.
     pub(super) fn ended(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.quiet_since) >= CALM
             && self
@@ -360,7 +409,8 @@ impl Pace {
     }
 
     /// Takes the release slot if it is due at `now`, or says how long until
-    /// it is.
+    /// it is (while ramping, until it would be, were the answers in flight
+    /// accepted).
     pub(super) fn release(&mut self, now: Instant) -> Result<(), Duration> {
         let mut slot = self.next;
         if let Some(hold) = self.hold {
@@ -368,12 +418,26 @@ impl Pace {
                 slot = slot.max(hold);
             } else {
                 self.hold = None;
+                self.reopened = true;
             }
         }
         if slot > now {
             self.last_denied = Some(now);
-            return Err(slot - now);
+            let wait = slot - now;
+            if self.ramping && self.hold.is_none() {
+                let sooner = after(self.last_release, spacing(self.rate * RAMP_GROWTH))
+                    .map_or(RAMP_POLL, |s| s.saturating_duration_since(now))
+                    .max(RAMP_POLL);
+                return Err(wait.min(sooner));
+            }
+            return Err(wait);
         }
+        self.after_hold = std::mem::take(&mut self.reopened);
+        if self.after_hold {
+            self.ramping = true;
+        }
+        self.released_any = true;
+        self.last_release = now;
         // No catching up after a quiet spell: one request per slot.
         self.next = after(now, spacing(self.rate)).unwrap_or(now);
         self.slot_rate = self.spaced_by;

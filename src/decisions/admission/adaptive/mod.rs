@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::{ConfigError, Partition, Route};
+use crate::vocabulary::{ConfigError, Partition};
 
-use super::pacing::Pace;
 use super::partitions::{Bounds, Partitions};
 use super::{Admission, Grant, GrantSource};
 
@@ -54,7 +53,8 @@ const WAITER_STALE_POLLS: u32 = 4;
 /// retries and first attempts go out one per release slot, at the rate it
 /// is seen to accept, none before its Retry-After or reset; the bucket and
 /// the probes do not apply to them meanwhile. The host's other routes are
-/// not held.
+/// not held, unless several routes were throttled within a second with
+/// none succeeding: then the host is paced as one until it is calm.
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
@@ -77,11 +77,6 @@ pub struct AdaptiveAdmission {
     /// that it may go.
     paced: AtomicUsize,
 }
-
-/// A host's paced routes (a `Vec` boxed once more, so that a host with
-/// none costs one pointer).
-#[derive(Debug, Default)]
-struct Paces(Vec<(Route, Pace)>);
 
 /// When the next probe may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,7 +120,7 @@ struct Host {
     /// Pacing, per route, while a route throttles or its quota is spent
     /// (boxed: most hosts never need it, and a host's size is what
     /// `max_partitions` bounds).
-    paces: Option<Box<Paces>>,
+    paces: Option<Box<admit::Paces>>,
 }
 
 impl Host {

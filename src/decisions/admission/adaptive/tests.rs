@@ -3,6 +3,7 @@
 
 use super::super::{AttemptRecord, AttemptResult, RetryAdmission, RetryKind, RetryRequest};
 use super::*;
+use crate::vocabulary::Route;
 
 #[test]
 fn a_host_costs_about_200_bytes() {
@@ -107,20 +108,25 @@ fn a_hedge_never_goes_ahead_of_a_waiting_retry() {
 }
 
 /// A host whose every object is its own route keeps at most
-/// MAX_PACED_ROUTES pacings, the newest among them.
+/// MAX_PACED_ROUTES pacings, the newest among them (each throttled while
+/// another route succeeds: limits per route, not one for the host).
 #[test]
 fn a_host_paces_at_most_sixty_four_routes() {
     let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
     let p = Partition::named("many-routes");
     let t0 = Instant::now();
     let routes: Vec<Route> = (0..100).map(|i| Route::named(&format!("/r{i}"))).collect();
+    let fine = AttemptRecord::new(1, None, AttemptResult::Success).on_route(Route::named("/ok"));
     for (i, route) in routes.iter().enumerate() {
         let too_many = AttemptRecord::new(1, None, AttemptResult::Failure)
             .throttled(None)
             .too_fast()
             .on_route(*route);
-        a.record(p, too_many, t0 + Duration::from_millis(i as u64));
+        let at = t0 + Duration::from_millis(i as u64);
+        a.record(p, too_many, at);
+        a.record(p, fine, at);
     }
+    assert!(!a.paced_as_one(p));
     let paced = routes
         .iter()
         .filter(|r| a.pace_rate(p, **r).is_some())
@@ -128,4 +134,68 @@ fn a_host_paces_at_most_sixty_four_routes() {
     assert_eq!(paced, 64);
     assert!(a.pace_rate(p, routes[99]).is_some());
     assert!(a.pace_rate(p, routes[0]).is_none(), "the oldest made room");
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn too_many(path: &str) -> AttemptRecord {
+    AttemptRecord::new(1, None, AttemptResult::Failure)
+        .throttled(Some(Duration::from_secs(1)))
+        .too_fast()
+        .on_route(Route::of_path(path))
+}
+
+/// Issue 42: 429s from two routes of a host within a second, none of its
+/// routes succeeding between them, prove a limit wider than a route (per
+/// account or token): the host is paced as one, its other routes' retries
+/// wait too, until it has been calm; then routes are paced on their own.
+#[test]
+fn several_routes_throttled_and_none_succeeding_pace_the_host_as_one() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let p = Partition::named("account");
+    let t0 = Instant::now();
+    let other =
+        RetryRequest::new(RetryKind::Throttled, Duration::ZERO).on_route(Route::of_path("/c"));
+    a.record(p, too_many("/a"), t0);
+    assert!(!a.paced_as_one(p));
+    assert!(matches!(a.admit(p, other, t0), Admission::Admit(_)));
+    a.record(p, too_many("/b"), t0 + ms(100));
+    assert!(a.paced_as_one(p));
+    assert_eq!(
+        a.admit(p, other, t0 + ms(100)),
+        Admission::Paced(Duration::from_secs(1))
+    );
+    assert!(a.pace_rate(p, Route::of_path("/c")).is_some());
+    // Calm for the pacing's CALM after the hold: narrowed back.
+    let later = t0 + Duration::from_secs(7);
+    let fine = AttemptRecord::new(1, None, AttemptResult::Success).on_route(Route::of_path("/c"));
+    a.record(p, fine, later);
+    assert!(!a.paced_as_one(p));
+    assert_eq!(a.pace_rate(p, Route::of_path("/c")), None);
+}
+
+/// One route throttled while another succeeds is that route's limit (as
+/// today); so are 429s of two routes more than a second apart.
+#[test]
+fn a_route_throttled_while_others_succeed_is_paced_alone() {
+    let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+    let p = Partition::named("per-route");
+    let t0 = Instant::now();
+    let fine = AttemptRecord::new(1, None, AttemptResult::Success).on_route(Route::of_path("/c"));
+    a.record(p, too_many("/a"), t0);
+    a.record(p, fine, t0 + ms(50));
+    a.record(p, too_many("/b"), t0 + ms(100));
+    assert!(!a.paced_as_one(p));
+    let q = Partition::named("far-apart");
+    a.record(q, too_many("/a"), t0);
+    a.record(q, too_many("/b"), t0 + ms(1_500));
+    assert!(!a.paced_as_one(q));
+    let other =
+        RetryRequest::new(RetryKind::Throttled, Duration::ZERO).on_route(Route::of_path("/c"));
+    assert!(matches!(
+        a.admit(p, other, t0 + ms(100)),
+        Admission::Admit(_)
+    ));
 }

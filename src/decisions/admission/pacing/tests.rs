@@ -15,9 +15,107 @@ fn releases_are_spread_and_none_comes_before_the_hold() {
     assert_eq!(p.release(t0), Err(Duration::from_secs(1)));
     let t1 = t0 + Duration::from_secs(1);
     assert_eq!(p.release(t1), Ok(()));
-    // Everyone else waits a slot each, not one wave.
-    assert_eq!(p.release(t1), Err(ms(200)));
+    // Everyone else waits, not one wave: asked again when the slot would
+    // come were the release accepted (the rate ×3)…
+    let sooner = Duration::from_secs_f64(1.0 / (5.0 * RAMP_GROWTH));
+    assert_eq!(p.release(t1), Err(sooner));
+    // …but with no answer yet, none goes before the slot.
+    assert!(p.release(t1 + sooner).is_err());
     assert_eq!(p.release(t1 + ms(200)), Ok(()));
+}
+
+/// Issue 42: once a hold ends, every accepted release raises the rate
+/// ×[`RAMP_GROWTH`] and brings the next slot in, so a queue of 40 held
+/// behind a server that now accepts everything is gone within a few
+/// hundred milliseconds, not at the starting rate (20 s at 2/s).
+#[test]
+fn after_a_hold_every_accepted_release_raises_the_rate() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.hold(t0, Duration::from_secs(2));
+    let mut now = t0 + Duration::from_secs(2);
+    let mut sent = Vec::new();
+    while sent.len() < 40 {
+        match p.release(now) {
+            Ok(()) => {
+                sent.push(now);
+                p.succeeded(now, true);
+            }
+            Err(wait) => {
+                assert!(!wait.is_zero());
+                now += wait;
+            }
+        }
+    }
+    let took = sent[39] - sent[0];
+    assert!(took <= ms(300), "{took:?}: {sent:?}");
+    // Spread: one at a time, the second a grown interval after the first.
+    assert!(sent[1] - sent[0] >= ms(160), "{sent:?}");
+    assert!(sent.windows(2).all(|w| w[1] > w[0]), "{sent:?}");
+}
+
+/// A 429 to the first release after a hold says the hold's reason lasts
+/// (the server is still closed), not that the rate was too high: it
+/// holds again and lowers nothing. The next 429 does.
+#[test]
+fn a_429_to_the_first_release_after_a_hold_only_holds_again() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.hold(t0, Duration::from_secs(1));
+    let t1 = t0 + Duration::from_secs(1);
+    p.release(t1).unwrap();
+    p.throttled(t1, true, true, Some(Duration::from_secs(1)));
+    assert_eq!(p.rate(), START_RATE);
+    assert_eq!(p.release(t1), Err(Duration::from_secs(1)));
+    let t2 = t1 + Duration::from_secs(1);
+    p.release(t2).unwrap();
+    p.succeeded(t2, true);
+    let t3 = t2 + ms(200);
+    p.release(t3).unwrap();
+    p.throttled(t3, true, true, None);
+    assert!(p.rate() < START_RATE * RAMP_GROWTH, "{}", p.rate());
+}
+
+/// Issue 42: a 429 to a call the pacing did not send (a new call let
+/// through) holds nothing once a hold was set: its caller sleeps its own
+/// Retry-After, and the queue is not held until the latest of many
+/// callers' hints after the server has recovered.
+#[test]
+fn new_calls_429s_do_not_stretch_the_hold() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.throttled(t0, false, true, Some(Duration::from_secs(1)));
+    for i in 1..40 {
+        p.throttled(t0 + ms(50 * i), false, true, Some(Duration::from_secs(1)));
+    }
+    assert_eq!(p.release(t0 + ms(500)), Err(ms(500)));
+    assert_eq!(p.release(t0 + Duration::from_secs(1)), Ok(()));
+}
+
+/// Issue 42: a published window's average (`q=100;w=60`, 1.67/s) caps
+/// the rate only while the quota is spent: past its reset, accepted
+/// releases raise it. Where going faster after the reset is refused (the
+/// average is the server's rate after all), the cap is kept.
+#[test]
+fn a_published_average_caps_only_while_the_quota_is_spent() {
+    let t0 = Instant::now();
+    let quota = 100.0 / 60.0;
+    let mut p = Pace::begin(t0, Some(quota), 10_000.0);
+    p.hold_spent_quota(t0, Duration::from_secs(3));
+    let t1 = t0 + Duration::from_secs(3);
+    p.release(t1).unwrap();
+    p.succeeded(t1, true);
+    assert!(p.rate() > quota * 2.0, "{}", p.rate());
+    // A server whose average is its rate refuses the faster release…
+    let t2 = t1 + Duration::from_secs_f64(1.0 / p.rate());
+    p.release(t2).unwrap();
+    p.throttled(t2, true, true, None);
+    // …and the cap is back, for good.
+    assert_eq!(p.rate(), quota);
+    let t3 = t2 + Duration::from_secs(5);
+    p.release(t3).unwrap();
+    p.succeeded(t3, true);
+    assert_eq!(p.rate(), quota);
 }
 
 /// Releases `n` requests to a leaky bucket that admits one per
