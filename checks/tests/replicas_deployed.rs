@@ -201,6 +201,49 @@ async fn every_address_refused_is_the_host_down() {
     assert!(policy.replicas().degraded("svc.test", clock.now()));
 }
 
+/// The first replica resets until it is ejected, then hangs, and its
+/// ejection is over: the next new connection probes it. The requests it
+/// had read.
+async fn eject_then_hang(
+    client: &ClientWithMiddleware,
+    url: &str,
+    servers: &[Replica],
+    clock: &ManualClock,
+) -> usize {
+    servers[0].set(RESETS);
+    for _ in 0..6 {
+        assert_eq!(get(client, url).await.0, 200);
+    }
+    assert!(servers[0].requests() >= 1);
+    servers[0].set(HANGS);
+    clock.advance(Duration::from_secs(31));
+    servers[0].requests()
+}
+
+/// The first replica recovers after a probe of it ended (`before` its
+/// requests then): it is probed again a moment later, gets traffic, and
+/// the name is whole.
+async fn recovers(
+    client: &ClientWithMiddleware,
+    url: &str,
+    servers: &[Replica],
+    clock: &ManualClock,
+    policy: &RetryPolicy,
+    before: usize,
+) {
+    servers[0].set(HEALTHY);
+    clock.advance(Duration::from_secs(2));
+    for _ in 0..30 {
+        assert_eq!(get(client, url).await.0, 200);
+    }
+    assert!(
+        servers[0].requests() > before + 2,
+        "the recovered replica got {:?}",
+        requests(servers)
+    );
+    assert!(!policy.replicas().degraded("svc.test", clock.now()));
+}
+
 /// The attempt that probes an ejected replica is dropped by its caller:
 /// the probe ends all the same, and the replica, recovered, is probed
 /// again and gets its traffic back.
@@ -214,31 +257,12 @@ async fn a_dropped_probe_ends_and_the_recovered_replica_gets_traffic_back() {
     let client = through(&policy, &lookup, true);
     let url = format!("http://svc.test:{port}/items");
 
-    servers[0].set(RESETS);
-    for _ in 0..6 {
-        assert_eq!(get(&client, &url).await.0, 200);
-    }
-    let ejected = servers[0].requests();
-    assert!(ejected >= 1);
-    // Its ejection over, the next new connection probes it, and it hangs:
-    // the caller gives up and drops the call.
-    servers[0].set(HANGS);
-    clock.advance(Duration::from_secs(31));
+    // The caller gives up on the hanging probe and drops the call.
+    let ejected = eject_then_hang(&client, &url, &servers, &clock).await;
     let probe = tokio::time::timeout(Duration::from_millis(300), client.get(&url).send()).await;
     assert!(probe.is_err(), "the probe answered: {probe:?}");
     assert_eq!(servers[0].requests(), ejected + 1, "the probe went out");
-    // Recovered; its next probe is due a moment later.
-    servers[0].set(HEALTHY);
-    clock.advance(Duration::from_secs(2));
-    for _ in 0..30 {
-        assert_eq!(get(&client, &url).await.0, 200);
-    }
-    assert!(
-        servers[0].requests() > ejected + 2,
-        "the recovered replica got {:?}",
-        requests(&servers)
-    );
-    assert!(!policy.replicas().degraded("svc.test", clock.now()));
+    recovers(&client, &url, &servers, &clock, &policy, ejected).await;
 }
 
 /// The probe goes out as the first copy of a hedged GET and hangs; the
@@ -268,31 +292,14 @@ async fn a_probe_that_loses_a_hedge_race_ends() {
     let client = through(&policy, &lookup, true);
     let url = format!("http://svc.test:{port}/items");
 
-    servers[0].set(RESETS);
-    for _ in 0..6 {
-        assert_eq!(get(&client, &url).await.0, 200);
-    }
-    servers[0].set(HANGS);
-    clock.advance(Duration::from_secs(31));
-    let before = requests(&servers);
+    let before = eject_then_hang(&client, &url, &servers, &clock).await;
     let slot = ReportSlot::new();
     let r = client.get(&url).with_extension(slot.clone()).send().await;
     assert_eq!(r.unwrap().status(), 200);
     let report = slot.take().unwrap();
     assert_eq!((report.hedges(), report.hedge_wins()), (1, 1), "{report:?}");
-    assert_eq!(requests(&servers)[0], before[0] + 1, "the probe went out");
-
-    servers[0].set(HEALTHY);
-    clock.advance(Duration::from_secs(2));
-    for _ in 0..30 {
-        assert_eq!(get(&client, &url).await.0, 200);
-    }
-    assert!(
-        requests(&servers)[0] > before[0] + 2,
-        "the recovered replica got {:?}",
-        requests(&servers)
-    );
-    assert!(!policy.replicas().degraded("svc.test", clock.now()));
+    assert_eq!(servers[0].requests(), before + 1, "the probe went out");
+    recovers(&client, &url, &servers, &clock, &policy, before).await;
 }
 
 /// A rolling deploy: addresses appear and disappear between look-ups.
