@@ -315,3 +315,37 @@ async fn a_hedged_streamed_put_replays_the_buffer() {
         .all(|(_, body)| checksum(body) == checksum(&data)));
     assert_eq!(policy.replay_bytes_kept(), 0);
 }
+
+#[tokio::test]
+async fn an_unkeyed_post_stream_is_resent_only_when_it_never_arrived_and_is_not_kept() {
+    let data = payload(200 * 1024);
+    // Refused: the body never left, so the stream is sent again.
+    let clock = ManualClock::new();
+    let p = policy(&clock).build().unwrap();
+    let refused = support::refused_addr().await;
+    let (c, _) = client(p.clone());
+    let (_, report) = support::send_failing(
+        c.post(format!("http://{refused}/"))
+            .with_extension(reqwest_safe_retry::RequestOptions::new().no_idempotency_key())
+            .body(stream_of(&data)),
+    )
+    .await;
+    assert_eq!(report.stop_reason(), StopReason::AttemptsExhausted);
+    assert_eq!(report.attempts(), 3);
+    // Answered: it may have been processed; not resent, and nothing was
+    // kept for a retry that cannot come.
+    let (addr, uploads) = upload_server(vec![Plan::Answer(503)]).await;
+    let (c, _) = client(p.clone());
+    let response = c
+        .post(format!("http://{addr}/"))
+        .with_extension(reqwest_safe_retry::RequestOptions::new().no_idempotency_key())
+        .body(stream_of(&data))
+        .send()
+        .await
+        .unwrap();
+    let report = response.retry_report().unwrap();
+    assert_eq!(report.stop_reason(), StopReason::NotIdempotent);
+    assert_eq!(uploads.all().len(), 1);
+    assert_eq!(checksum(&uploads.all()[0].body), checksum(&data));
+    assert_eq!(p.replay_bytes_peak(), 0, "an unkeyed POST keeps nothing");
+}

@@ -12,7 +12,7 @@ use reqwest_middleware::Next;
 use crate::engine::{shorter, Attempt, AttemptContext, Outcome};
 use crate::signals::transport_failure;
 use crate::vocabulary::replay::{self, BodySource};
-use crate::vocabulary::StopReason;
+use crate::vocabulary::{is_idempotent, StopReason};
 
 use super::deadline_header::stamp_headers;
 use super::hedge_race::{plan_hedge, Hedging};
@@ -94,6 +94,7 @@ impl Attempt for HttpAttempts<'_> {
                     let policy = self.judge.policy;
                     let limits = replay::Limits {
                         limit: policy.settings.replay_limit,
+                        repeatable: self.judge.keyed || is_idempotent(request.method()),
                         cap: policy.settings.replay_cap,
                         memory: &policy.replay_memory,
                     };

@@ -141,6 +141,11 @@ impl Handle {
 /// the memory the cap bounds.
 pub(crate) struct Limits<'a> {
     pub(crate) limit: usize,
+    /// The safety rule lets the request be sent again after it may have
+    /// arrived (idempotent, or keyed). When it does not, nothing is kept:
+    /// the body is still wrapped, so that one whose sending never began (a
+    /// connect error) can be sent by the next attempt.
+    pub(crate) repeatable: bool,
     pub(crate) cap: usize,
     pub(crate) memory: &'a Arc<ReplayMemory>,
 }
@@ -211,7 +216,7 @@ pub(crate) fn prepare(limits: Limits<'_>, request: &mut Request, replay: &mut Op
             lost: None,
             waiting: Vec::new(),
         }),
-        limit: limits.limit,
+        limit: if limits.repeatable { limits.limit } else { 0 },
         cap: limits.cap,
         memory: limits.memory.clone(),
         length,
