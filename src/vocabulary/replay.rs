@@ -7,6 +7,16 @@
 //! `StopReason::BodyTooLargeToReplay`. A call that finds no room under
 //! the cap is sent as if there were no buffer (`body_not_cloneable`).
 //!
+//! A request the safety rule will not send again once it may have arrived
+//! (an unkeyed POST) keeps nothing: its body is wrapped only so that, after
+//! a failure that proves it never left (a connect error), the next attempt
+//! can read the caller's stream from its start.
+//!
+//! A hedge sent while the first copy is still reading the caller's stream
+//! replays what was kept and then follows it, chunk by chunk: only one
+//! attempt at a time reads the stream (the others wait for its chunks), so
+//! a hedge of a long upload goes no faster than its first copy's reads.
+//!
 //! A [`BodySource`] makes the body afresh for each attempt instead (a file
 //! reopened), at any size and with no buffer.
 //!
@@ -32,7 +42,9 @@ use reqwest::{Body, Request};
 /// size can be retried (and hedged) with no replay buffer: a file reopened
 /// at its start, a multipart form rebuilt. Pass it in the request's
 /// extensions; the body it makes replaces the request's own on every
-/// attempt.
+/// attempt, and it is called only for an attempt that is sent. With
+/// reqwest's `stream` feature, `Body::wrap_stream` over a `tokio::fs::File`
+/// opened in the closure streams a file of any size.
 ///
 /// ```no_run
 /// use reqwest_safe_retry::{BodySource, RetryMiddleware, RetryPolicy};
@@ -346,6 +358,7 @@ impl ReplayBody {
                 Err(frame) => {
                     let mut state = lock(&self.replay.state);
                     state.lose(Lost::NotKept, &self.replay.memory);
+                    state.wake();
                     Poll::Ready(Some(Ok(frame)))
                 }
             },
