@@ -83,8 +83,10 @@ impl Attempt for HttpAttempts<'_> {
             None => None,
             Some(mut request) => Some({
                 // A copy for the next attempt; `None` when the body is a
-                // stream, which is sent once, or when no attempt can follow
-                // this one.
+                // stream that is not kept (the replay buffer is off), which
+                // is sent once, or when no attempt can follow this one. A
+                // stream is wrapped to be kept (`replay`) or made afresh by
+                // the caller's `BodySource`.
                 let last = ctx.attempt() >= self.judge.max_attempts;
                 let source = self.extensions.get::<BodySource>();
                 let replay = &mut self.judge.replay;
