@@ -178,8 +178,8 @@ pub use reqwest_middleware;
 
 // The vocabulary: partitions, keys, the report, errors.
 pub use vocabulary::{
-    is_idempotent, ConfigError, IdempotencyKey, KeyError, KeyFormat, KeyGenerator, Partition,
-    ReportSlot, RetryReport, RetryReportExt, Route, StopReason, MAX_KEY_LEN,
+    is_idempotent, BodySource, ConfigError, IdempotencyKey, KeyError, KeyFormat, KeyGenerator,
+    Partition, ReportSlot, RetryReport, RetryReportExt, Route, StopReason, MAX_KEY_LEN,
 };
 // What the server said.
 pub use signals::{

@@ -66,6 +66,7 @@ fn stop_reasons_have_the_snake_case_names_of_the_contract() {
         (StopReason::RetryAfterTooLong, "retry_after_too_long"),
         (StopReason::NotIdempotent, "not_idempotent"),
         (StopReason::BodyNotCloneable, "body_not_cloneable"),
+        (StopReason::BodyTooLargeToReplay, "body_too_large_to_replay"),
         (StopReason::ServerSaidNo, "server_said_no"),
         (StopReason::CircuitOpen, "circuit_open"),
     ];

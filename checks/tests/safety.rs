@@ -101,10 +101,10 @@ async fn idempotent_methods_are_retried_without_a_key() {
 }
 
 #[tokio::test]
-async fn a_streaming_body_is_sent_once_and_the_report_says_why() {
+async fn with_no_replay_buffer_a_streaming_body_is_sent_once_and_the_report_says_why() {
     let server = support::answering(503).await;
     let clock = ManualClock::new();
-    let (c, _) = client(policy(&clock).build().unwrap());
+    let (c, _) = client(policy(&clock).body_replay_limit(0).build().unwrap());
     let chunks: Vec<Result<&'static [u8], std::io::Error>> =
         vec![Ok(b"part one, "), Ok(b"part two")];
     let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
@@ -124,7 +124,7 @@ async fn the_streaming_body_guard_stops_before_any_backoff_or_admission() {
     // retry: no delay is drawn, nothing sleeps, nothing is admitted.
     let server = support::answering(503).await;
     let clock = ManualClock::new();
-    let p = policy(&clock).build().unwrap();
+    let p = policy(&clock).body_replay_limit(0).build().unwrap();
     let (c, _) = client(p.clone());
     let chunks: Vec<Result<&'static [u8], std::io::Error>> = vec![Ok(b"stream")];
     let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));

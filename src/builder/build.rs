@@ -109,6 +109,8 @@ impl RetryPolicyBuilder {
             deadline_header: self.deadline_header?,
             attempt_header: self.attempt_header?,
             hedge: self.hedge,
+            replay_limit: self.replay_limit,
+            replay_cap: self.replay_cap,
         };
         let rng = self
             .rng
@@ -124,6 +126,7 @@ impl RetryPolicyBuilder {
             classifiers: self.classifiers.into(),
             hedger: Arc::default(),
             replicas: Arc::default(),
+            replay_memory: Arc::default(),
         })
     }
 }

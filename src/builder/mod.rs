@@ -80,6 +80,8 @@ pub struct RetryPolicyBuilder {
     admission: AdmissionChoice,
     circuit_breaker: Option<CircuitBreakerConfig>,
     hedge: Option<HedgeConfig>,
+    replay_limit: usize,
+    replay_cap: usize,
     rng: Option<Rng>,
     sleeper: Arc<dyn Sleeper>,
     clock: Arc<dyn Clock>,
@@ -116,6 +118,8 @@ impl RetryPolicyBuilder {
             admission: AdmissionChoice::Adaptive(AdaptiveConfig::default()),
             circuit_breaker: None,
             hedge: None,
+            replay_limit: 1 << 20,
+            replay_cap: 16 << 20,
             rng: None,
             sleeper: Arc::new(TokioSleeper),
             clock: Arc::new(SystemClock),
@@ -347,6 +351,23 @@ impl RetryPolicyBuilder {
     /// Turn hedging off (the default).
     pub fn no_hedge(mut self) -> Self {
         self.hedge = None;
+        self
+    }
+
+    /// Keep up to `bytes` of a streamed request body as it is sent, so a
+    /// retry or a hedge can send it again (default 1 MiB; 0 turns it off).
+    /// A body that outgrows it is sent on, once: the call stops with
+    /// [`StopReason::BodyTooLargeToReplay`](crate::StopReason::BodyTooLargeToReplay).
+    pub fn body_replay_limit(mut self, bytes: usize) -> Self {
+        self.replay_limit = bytes;
+        self
+    }
+
+    /// The most bytes the replay buffers of all calls keep together
+    /// (default 16 MiB). A call that finds no room is sent as if it had no
+    /// buffer, once; the cap never holds a body back.
+    pub fn body_replay_cap(mut self, bytes: usize) -> Self {
+        self.replay_cap = bytes;
         self
     }
 

@@ -23,6 +23,7 @@ use crate::decisions::{
     Backoff, CircuitBreaker, FirstAttemptPacing, HedgeConfig, Hedger, ReplicaTable, RetryAdmission,
 };
 use crate::signals::Classifier;
+use crate::vocabulary::replay::ReplayMemory;
 use crate::vocabulary::{lock, KeyFormat, KeyGenerator};
 
 use super::metrics::Metrics;
@@ -51,6 +52,8 @@ pub struct RetryPolicy {
     /// The health of each host's addresses, shared with the policy's
     /// [`crate::ReplicaResolver`]s.
     pub(crate) replicas: Arc<Replicas>,
+    /// The bytes the replay buffers of this policy's calls hold.
+    pub(crate) replay_memory: Arc<ReplayMemory>,
 }
 
 /// The replica table, and whether a resolver reads it: until one does,
@@ -92,6 +95,11 @@ pub(crate) struct Settings {
     pub(crate) attempt_header: Option<HeaderName>,
     /// Hedging, when on.
     pub(crate) hedge: Option<HedgeConfig>,
+    /// The most bytes of a streamed body one call keeps for a retry (0:
+    /// none).
+    pub(crate) replay_limit: usize,
+    /// The most bytes the replay buffers of all calls keep together.
+    pub(crate) replay_cap: usize,
 }
 
 impl RetryPolicy {
@@ -124,6 +132,18 @@ impl RetryPolicy {
     /// policy's [`crate::ReplicaResolver`]s.
     pub fn replicas(&self) -> &ReplicaTable {
         &self.replicas.table
+    }
+
+    /// The bytes of streamed bodies kept for a retry by this policy's
+    /// calls in flight, all together (see
+    /// [`RetryPolicyBuilder::body_replay_limit`](crate::RetryPolicyBuilder::body_replay_limit)).
+    pub fn replay_bytes_kept(&self) -> usize {
+        self.replay_memory.used()
+    }
+
+    /// The most bytes this policy's calls ever kept together for a retry.
+    pub fn replay_bytes_peak(&self) -> usize {
+        self.replay_memory.peak()
     }
 
     /// The counters shared by every clone of this policy.

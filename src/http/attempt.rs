@@ -11,7 +11,8 @@ use reqwest_middleware::Next;
 
 use crate::engine::{shorter, Attempt, AttemptContext, Outcome};
 use crate::signals::transport_failure;
-use crate::vocabulary::StopReason;
+use crate::vocabulary::replay::{self, BodySource};
+use crate::vocabulary::{is_idempotent, StopReason};
 
 use super::deadline_header::stamp_headers;
 use super::hedge_race::{plan_hedge, Hedging};
@@ -30,7 +31,6 @@ pub(super) struct HttpAttempts<'a> {
     /// the copy kept for the next attempt then holds the caller's headers
     /// alone, and copying it copies no header the caller did not set.
     pub(super) key_header: Option<HeaderValue>,
-    pub(super) caller_timeout: Option<std::time::Duration>,
     /// The request the next attempt sends; `None` once a body that cannot
     /// be copied has been sent.
     pub(super) request: Option<Request>,
@@ -83,16 +83,38 @@ impl Attempt for HttpAttempts<'_> {
             None => None,
             Some(mut request) => Some({
                 // A copy for the next attempt; `None` when the body is a
-                // stream, which is sent once, or when no attempt can follow
-                // this one.
+                // stream that is not kept (the replay buffer is off), which
+                // is sent once, or when no attempt can follow this one. A
+                // stream is wrapped to be kept (`replay`) or made afresh by
+                // the caller's `BodySource`.
                 let last = ctx.attempt() >= self.judge.max_attempts;
-                self.request = if last { None } else { request.try_clone() };
+                let source = self.extensions.get::<BodySource>();
+                let replay = &mut self.judge.replay;
+                if source.is_some() {
+                    replay::fill(&mut request, source);
+                } else if !last || self.hedging.is_some() {
+                    let policy = self.judge.policy;
+                    let limits = replay::Limits {
+                        limit: policy.settings.replay_limit,
+                        repeatable: self.judge.keyed || is_idempotent(request.method()),
+                        cap: policy.settings.replay_cap,
+                        memory: &policy.replay_memory,
+                    };
+                    replay::prepare(limits, &mut request, replay);
+                }
+                self.request = if last {
+                    None
+                } else {
+                    replay::copy(&mut request, source, replay.as_ref())
+                };
                 let cloneable = last || self.request.is_some();
+                // The caller's own timeout: each copy keeps the one it had.
+                let caller_timeout = request.timeout().copied();
                 // reqwest keeps the timeout in an extension map that it
                 // allocates on the first write: write only a timeout the
                 // request lacks.
-                let timeout = shorter(self.caller_timeout, ctx.timeout());
-                if timeout != self.caller_timeout {
+                let timeout = shorter(caller_timeout, ctx.timeout());
+                if timeout != caller_timeout {
                     *request.timeout_mut() = timeout;
                 }
                 if let Some(value) = &self.key_header {
@@ -105,10 +127,16 @@ impl Attempt for HttpAttempts<'_> {
                 // Planned before the send borrows the extensions: the copy
                 // sent as the hedge needs its own.
                 let hedge = self.hedging.as_deref().map(|hedging| {
+                    let source = self.extensions.get::<BodySource>();
+                    let replay = self.judge.replay.as_ref();
                     plan_hedge(
                         self.judge.policy,
                         hedging,
-                        &request,
+                        || {
+                            let mut copy = replay::copy(&mut request, source, replay)?;
+                            replay::fill(&mut copy, source);
+                            Some(copy)
+                        },
                         self.extensions,
                         &self.next,
                         ctx,

@@ -112,6 +112,7 @@ mod tests {
             (StopReason::RetryAfterTooLong, 503),
             (StopReason::NotIdempotent, 503),
             (StopReason::BodyNotCloneable, 503),
+            (StopReason::BodyTooLargeToReplay, 503),
             (StopReason::ServerSaidNo, 503),
         ];
         for (reason, status) in table {

@@ -46,7 +46,7 @@ pub(super) struct Hedging {
 pub(super) fn plan_hedge<'a, 'h>(
     policy: &'a RetryPolicy,
     hedging: &'h Hedging,
-    request: &Request,
+    copy: impl FnOnce() -> Option<Request>,
     extensions: &Extensions,
     next: &Next<'a>,
     ctx: AttemptContext,
@@ -58,7 +58,7 @@ pub(super) fn plan_hedge<'a, 'h>(
         .delay(&hedging.config, hedging.partition)
         .filter(|delay| timeout.is_none_or(|t| *delay < t))
         .and_then(|delay| {
-            let request = request.try_clone()?;
+            let request = copy()?;
             Some(HedgeCopy {
                 delay,
                 request,

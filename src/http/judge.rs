@@ -14,6 +14,7 @@ use crate::signals::{
     rate_limit, retry_after, server_verdict, transport_failure, Class, Classifier,
     DefaultClassifier, HttpAttempt, TransportFailure,
 };
+use crate::vocabulary::replay::{Handle, Lost};
 use crate::vocabulary::StopReason;
 
 /// What an attempt's verdict needs: the policy, the request's own
@@ -30,6 +31,9 @@ pub(super) struct Judge<'a> {
     /// index into `attempt::METHODS`), beside `keyed` too.
     #[cfg(feature = "metrics")]
     pub(super) method: u8,
+    /// The replay buffer of a streamed body, once one is kept: the
+    /// verdict reads whether it outgrew its limit while it was sent.
+    pub(super) replay: Option<Handle>,
 }
 
 impl Judge<'_> {
@@ -125,14 +129,25 @@ impl Judge<'_> {
                 .classify(&attempt)
                 .unwrap_or(Class::Permanent),
         };
+        let lost = self.replay.as_ref().and_then(Handle::lost);
         let facts = safety::Attempt {
             method,
             keyed: self.keyed,
             failure,
-            cloneable,
+            cloneable: cloneable && lost.is_none(),
         };
         match safety::judge(facts, class) {
             Judgement::Success => Verdict::Success,
+            Judgement::Stop {
+                reason: StopReason::BodyNotCloneable,
+                failed,
+            } => Verdict::Stop {
+                reason: match lost {
+                    Some(Lost::TooLarge) => StopReason::BodyTooLargeToReplay,
+                    _ => StopReason::BodyNotCloneable,
+                },
+                failed,
+            },
             Judgement::Stop { reason, failed } => Verdict::Stop { reason, failed },
             Judgement::Retry => {
                 let response = result.as_ref().ok();

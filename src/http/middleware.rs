@@ -170,6 +170,7 @@ impl Middleware for RetryMiddleware {
                 max_attempts: limits.max_attempts,
                 #[cfg(feature = "metrics")]
                 method: attempt::method_label(request.method()),
+                replay: None,
             },
             hedging: hedge.map(|config| {
                 Box::new(Hedging {
@@ -182,7 +183,6 @@ impl Middleware for RetryMiddleware {
                 })
             }),
             key_header,
-            caller_timeout: request.timeout().copied(),
             request: Some(request),
             extensions,
             next,

@@ -22,6 +22,7 @@ mod idempotency;
 mod keygen;
 mod lock;
 mod partition;
+pub(crate) mod replay;
 mod report;
 mod route;
 
@@ -33,5 +34,6 @@ pub use idempotency::{is_idempotent, IdempotencyKey, KeyFormat, KeyGenerator, MA
 pub(crate) use lock::lock;
 pub(crate) use partition::DigestState;
 pub use partition::Partition;
+pub use replay::BodySource;
 pub use report::{ReportSlot, RetryReport, RetryReportExt, StopReason};
 pub use route::Route;

@@ -34,6 +34,9 @@ pub enum StopReason {
     NotIdempotent,
     /// The request body is a stream that cannot be sent twice.
     BodyNotCloneable,
+    /// The request body is a stream that outgrew its replay buffer (see
+    /// `RetryPolicyBuilder::body_replay_limit`): it was sent on, once.
+    BodyTooLargeToReplay,
     /// The server said not to retry (`Stripe-Should-Retry: false`).
     ServerSaidNo,
     /// The circuit breaker refused the call: its host keeps failing, and
@@ -53,6 +56,7 @@ impl StopReason {
             StopReason::RetryAfterTooLong => "retry_after_too_long",
             StopReason::NotIdempotent => "not_idempotent",
             StopReason::BodyNotCloneable => "body_not_cloneable",
+            StopReason::BodyTooLargeToReplay => "body_too_large_to_replay",
             StopReason::ServerSaidNo => "server_said_no",
             StopReason::CircuitOpen => "circuit_open",
         }

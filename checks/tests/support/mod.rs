@@ -23,6 +23,7 @@ pub mod hosts;
 pub mod payments;
 pub mod replicas;
 pub mod spans;
+pub mod uploads;
 
 /// A policy builder with a manual clock (sleeps are recorded, never slept) and
 /// a fixed seed.
