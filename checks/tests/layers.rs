@@ -667,6 +667,55 @@ fn the_call_example_has_no_circle_of_imports() {
 }
 
 #[test]
+fn the_herd_and_loadgen_examples_have_no_circle_of_imports() {
+    for (root, title) in [
+        ("checks/examples/herd", "examples/herd"),
+        (
+            "tower-idempotency/examples/loadgen",
+            "tower-idempotency/examples/loadgen",
+        ),
+    ] {
+        let krate = Crate::read_src(&crate_root(root));
+        let arrows = krate.arrows();
+        print_graph(title, &krate, &arrows);
+        let found = circles(&arrows);
+        assert!(found.is_empty(), "{title}: a circle of imports: {found:?}");
+    }
+}
+
+/// The examples are held to the sources' length: a long one is a folder
+/// (`examples/NAME/main.rs` and its modules), split by concern, each file
+/// opening with a module doc that says what it holds.
+#[test]
+fn no_example_file_is_over_450_lines_and_each_folder_file_says_what_it_holds() {
+    let mut long = Vec::new();
+    let mut undocumented = Vec::new();
+    for root in ["examples", "checks/examples", "tower-idempotency/examples"] {
+        let dir = crate_root(root);
+        for path in rust_files(&dir) {
+            let text = fs::read_to_string(&path).unwrap();
+            let file = format!("{root}/{}", path.strip_prefix(&dir).unwrap().display());
+            let lines = text.lines().count();
+            if lines > MAX_LINES {
+                long.push(format!("{file}: {lines} lines"));
+            }
+            let in_folder = path.parent() != Some(dir.as_path());
+            if in_folder && !text.starts_with("//! ") {
+                undocumented.push(file);
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "examples over {MAX_LINES} lines: {long:#?}"
+    );
+    assert!(
+        undocumented.is_empty(),
+        "example modules without a module doc: {undocumented:#?}"
+    );
+}
+
+#[test]
 fn no_floor_of_the_client_reaches_up() {
     let krate = Crate::read(&crate_root("."));
     let floors = floors(&krate);

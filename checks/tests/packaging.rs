@@ -218,7 +218,8 @@ fn only_the_files_a_user_builds_count_as_shipped() {
         "fixtures/keys.tsv",
         "tests/replay.rs",
         "benches/stores.rs",
-        "examples/loadgen.rs",
+        "examples/loadgen/main.rs",
+        "examples/loadgen/handlers.rs",
         "src/notes.md",
     ] {
         assert!(!shipped(dropped), "{dropped}");
