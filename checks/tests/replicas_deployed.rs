@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
-    Clock, HedgeConfig, ManualClock, ReportSlot, RetryMiddleware, RetryPolicy, StopReason,
+    Clock, HedgeConfig, ManualClock, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
+    StopReason,
 };
 use support::replicas::{
     dead, replicas, Lookup, Replica, ANSWERS_503, HANGS, HEALTHY, RESETS, RESETS_ONCE,
@@ -222,7 +223,10 @@ async fn eject_then_hang(
 
 /// The first replica recovers after a probe of it ended (`before` its
 /// requests then): it is probed again a moment later, gets traffic, and
-/// the name is whole.
+/// the name is whole. The calls are not hedged (what became of a probe
+/// that lost a race is the test, not the races of the next ones), and the
+/// client keeps no idle connection: each call opens one, so the
+/// replica's share of new connections shows.
 async fn recovers(
     client: &ClientWithMiddleware,
     url: &str,
@@ -234,7 +238,12 @@ async fn recovers(
     servers[0].set(HEALTHY);
     clock.advance(Duration::from_secs(2));
     for _ in 0..30 {
-        assert_eq!(get(client, url).await.0, 200);
+        let r = client
+            .get(url)
+            .with_extension(RequestOptions::new().no_hedge())
+            .send()
+            .await;
+        assert_eq!(r.unwrap().status(), 200);
     }
     assert!(
         servers[0].requests() > before + 2,
@@ -254,7 +263,7 @@ async fn a_dropped_probe_ends_and_the_recovered_replica_gets_traffic_back() {
     let lookup = Lookup::new(&ips(&addrs));
     let clock = ManualClock::new();
     let policy = policy(&clock, 3);
-    let client = through(&policy, &lookup, true);
+    let client = through(&policy, &lookup, false);
     let url = format!("http://svc.test:{port}/items");
 
     // The caller gives up on the hanging probe and drops the call.
@@ -289,7 +298,7 @@ async fn a_probe_that_loses_a_hedge_race_ends() {
         .no_budget()
         .build()
         .unwrap();
-    let client = through(&policy, &lookup, true);
+    let client = through(&policy, &lookup, false);
     let url = format!("http://svc.test:{port}/items");
 
     let before = eject_then_hang(&client, &url, &servers, &clock).await;
@@ -298,8 +307,11 @@ async fn a_probe_that_loses_a_hedge_race_ends() {
     assert_eq!(r.unwrap().status(), 200);
     let report = slot.take().unwrap();
     assert_eq!((report.hedges(), report.hedge_wins()), (1, 1), "{report:?}");
-    assert_eq!(servers[0].requests(), before + 1, "the probe went out");
-    recovers(&client, &url, &servers, &clock, &policy, before).await;
+    // The probe's copy lost: at once, it may not even have reached the
+    // replica.
+    let raced = servers[0].requests();
+    assert!(raced <= before + 1);
+    recovers(&client, &url, &servers, &clock, &policy, raced).await;
 }
 
 /// A rolling deploy: addresses appear and disappear between look-ups.
