@@ -284,6 +284,29 @@ fn pacing_outlives_its_hold_and_ends_when_nobody_waits() {
     assert!(q.ended(t_end + ms(500)));
 }
 
+/// A 429 to a call let through unpaced (a new wave's first attempts)
+/// says the route's limit binds now: the probe upward waits a calm
+/// interval from it, and the queue behind it goes at the rate that works,
+/// not at a faster one whose 429 would hold everyone for its Retry-After.
+#[test]
+fn a_429_to_a_first_attempt_postpones_the_probe_upward() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.good = Some(5.0);
+    p.bad = Some(6.0);
+    p.rate = 5.0;
+    p.calm_releases = PROBE_RELEASES - 1;
+    let t1 = t0 + Duration::from_secs(10);
+    // Calm for a probe interval: the next success probes upward…
+    let mut calm = p.clone();
+    calm.succeeded(t1, true);
+    assert!(calm.rate() > 6.0, "{}", calm.rate());
+    // …unless a first attempt was just told "too many".
+    p.throttled(t1, false, true, Some(Duration::from_secs(1)));
+    p.succeeded(t1 + Duration::from_secs(1), true);
+    assert_eq!(p.rate(), 5.0);
+}
+
 /// However many 429s come, the rate never falls below one release per two
 /// seconds: a route that admits anything at all is still reached.
 #[test]
