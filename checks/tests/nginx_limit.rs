@@ -3,10 +3,13 @@
 //! concurrent GETs through one client with the default policy, twice
 //! (cold, then warm): on one path, and on 20 paths sharing the limit
 //! (nginx keys it by the client's address, as an API keys a limit by
-//! account or token). Real sockets and real time, so the bounds are on
-//! counts and ratios, a little looser than the issue's targets (2.1× the
-//! calls) that the paused-clock stand-in in `rate_limited.rs` meets
-//! exactly; the test takes about 36 s.
+//! account or token). Real sockets and real time: the bounds are the
+//! issue's (2.1× the calls, warm in 6.5 s, 1.1× warm with paced first
+//! attempts) but the cold wave's time, 7 s, not 6.5: it is 5.8 s with the
+//! one Retry-After its ramp costs, and a request held up ~70 ms on two
+//! cores shared by other builds meets its refusal's 1 s hold too (seen in
+//! one run of a dozen). The paused-clock stand-in in `rate_limited.rs`
+//! meets the issue's exactly; the test takes about 35 s.
 //!
 //! Needs Debian's `nginx` (`.ci/run` installs it when missing).
 
@@ -186,13 +189,14 @@ async fn the_real_nginx_limit_lines_of_issue_42() {
     let twenty = cold_and_warm("20 paths", seeded().build().unwrap(), twenty_paths).await;
     for w in one.iter().chain(&twenty) {
         assert_eq!(w.succeeded, 20, "{w:?}");
-        assert!(w.load <= 2.25, "{w:?}");
+        assert!(w.load <= 2.1, "{w:?}");
     }
-    for w in &one {
-        assert!(w.took <= Duration::from_secs(9), "{w:?}");
-    }
+    let [cold, warm] = &one;
+    assert!(cold.took <= Duration::from_secs(7), "{cold:?}");
+    // The limit known: one Retry-After, then a release a slot (4.95 s).
+    assert!(warm.took <= Duration::from_millis(6_500), "{warm:?}");
     let [cold, warm] = paced_first;
     assert_eq!(cold.succeeded, 20, "{cold:?}");
     assert_eq!(warm.succeeded, 20, "{warm:?}");
-    assert!(warm.load <= 1.25, "{warm:?}");
+    assert!(warm.load <= 1.1, "{warm:?}");
 }

@@ -5,11 +5,11 @@
 //! # Why pace, and not only back off
 //!
 //! A burst against a rate-limited API is the most common retry storm. With
-//! backoff alone the callers told the same `Retry-After` come back
-//! together, one gets through, the rest are rejected again, and three
-//! attempts are spent in three seconds. A server that admits five requests
-//! a second needs them one per 200 ms. So a throttled route gets a
-//! *schedule*: release slots spaced `1 / rate` apart, none before the
+//! backoff alone the callers told the same `Retry-After` come back together,
+//! one gets through, the rest are rejected again: three attempts spent in
+//! three seconds. A server admitting five requests a second needs them
+//! 200 ms apart. So a throttled route gets a *schedule*: release slots
+//! `1 / rate` apart (a few ms more: [`SPACING_MARGIN`]), none before the
 //! server's `Retry-After` (or its quota's reset), each taken by one waiting
 //! request. A wait for a slot is not an attempt: nothing is spent.
 //!
@@ -46,9 +46,10 @@
 //! rate the route had already admitted contradicts the search; after
 //! [`UNRELATED_AFTER`] of them the 429s are not about the rate (a
 //! balancer's): the route is no longer paced or held by them, its retries
-//! the outage admission's. With no 429 for a probe interval (1 s and
-//! [`PROBE_RELEASES`] releases, doubling each time a probe is told "too
-//! many"), the search goes upward again (not above a published quota).
+//! the outage admission's. With no 429 (to any request of the route) for a
+//! probe interval (1 s and [`PROBE_RELEASES`] releases, doubling each time
+//! a probe is told "too many"), the search goes upward again (not above a
+//! published quota).
 //! This is the AWS SDKs' adaptive mode in spirit, kept per route.
 //!
 //! # After a hold: the rate the server accepts now
@@ -74,8 +75,7 @@ pub(super) const START_RATE: f64 = 2.0;
 const MIN_RATE: f64 = 0.5;
 /// Growth per successful release while searching upward.
 pub(super) const DISCOVER_GROWTH: f64 = 1.5;
-/// The search stops when the rate that failed is within this factor of
-/// the one that works.
+/// The search stops when the rate that failed is within this of one that works.
 pub(super) const CONVERGED: f64 = 1.3;
 /// The first wait after the last 429 before the search goes upward, and
 /// the successful releases it also waits for (a slow route is not probed
@@ -84,12 +84,10 @@ pub(super) const CONVERGED: f64 = 1.3;
 const FIRST_PROBE: Duration = Duration::from_secs(1);
 const PROBE_RELEASES: u32 = 20;
 const MAX_PROBE_LEVEL: u32 = 6;
-/// Released requests throttled, none succeeding since the throttling
-/// began, after which the host looks down rather than rate-limited: not
-/// paced (the outage admission takes over) until a success.
+/// Released requests throttled, none succeeding since the throttling began,
+/// after which the host looks down, not rate-limited: not paced till a success.
 const DOWN_AFTER: u32 = 3;
-/// With no throttling answer for this long after the last one and the
-/// last hold, and nobody held back for a second, pacing ends.
+/// No throttling answer nor hold for this long, nobody held back for 1 s: ended.
 pub(super) const CALM: Duration = Duration::from_secs(5);
 /// Growth per accepted release once a hold has ended, until a 429.
 pub(super) const RAMP_GROWTH: f64 = 3.0;
@@ -105,18 +103,15 @@ pub(super) struct Pace {
     throttled_releases: u32,
     /// Releases per second.
     rate: f64,
-    /// The highest rate at which a release succeeded, and the lowest at
-    /// which one was told "too many".
+    /// The highest rate a release succeeded at, the lowest told "too many".
     good: Option<f64>,
     bad: Option<f64>,
-    /// Whether the rate is the server's published quota (`quota`): then it
-    /// is not searched above.
+    /// The rate is the server's published quota (`quota`): not searched above.
     published: bool,
     quota: Option<f64>,
     /// The quota's cap was lifted after its reset (and no 429 since).
     lifted: bool,
-    /// A release faster than the quota after its reset was refused: the
-    /// cap is kept for good.
+    /// Faster than the quota after its reset was refused: a cap for good.
     cap_kept: bool,
     /// The next release slot, the last release, whether there was one.
     next: Instant,
@@ -128,8 +123,7 @@ pub(super) struct Pace {
     after_hold: bool,
     /// A hold has ended and no 429 to a release has come since.
     ramping: bool,
-    /// The rates that spaced `next`, and the last release (what its answer
-    /// is about), from the release before.
+    /// The rate that spaced `next`; the last release's (its answer's subject).
     spaced_by: f64,
     slot_rate: f64,
     /// No release before this (a Retry-After, a spent quota's reset).
@@ -145,23 +139,18 @@ pub(super) struct Pace {
     probe_level: u32,
     calm_releases: u32,
     probing: bool,
-    /// The last time a request was told to wait for its slot; the highest
-    /// rate.
-    last_denied: Option<Instant>,
+    last_denied: Option<Instant>, // the last request told to wait
     max_rate: f64,
-    /// The highest rate at which a released request ever succeeded here
-    /// (`good` forgets it when a 429 comes at or below it).
+    /// The highest rate a release ever succeeded at (`good` may forget it).
     peak: Option<f64>,
     /// 429s to releases sent at a rate the route had already admitted.
     contradictions: u32,
-    /// Whether the 429s are seen not to follow the rate: then they say
-    /// "failing anyway", as a 503 does, and neither pace nor hold.
+    /// The 429s do not follow the rate: "failing anyway", as a 503's.
     unrelated: bool,
 }
 
-/// 429s at a rate the route had already admitted after which its 429s are
-/// not about the rate: a limiter contradicts a rate that worked only until
-/// the rate follows its new limit down; a balancer's 429s, every time.
+/// 429s at a rate the route had admitted after which its 429s are not about
+/// the rate (a limiter's stop once the rate follows it down; a balancer's not).
 const UNRELATED_AFTER: u32 = 3;
 
 /// `now + d`, or `None` when not representable.
@@ -169,9 +158,15 @@ fn after(now: Instant, d: Duration) -> Option<Instant> {
     now.checked_add(d)
 }
 
+/// Releases are spaced this much wider than `1 / rate`: a request reaches
+/// the server a few ms late, by a varying delay, and a limiter counting
+/// from the last one it accepted (nginx's, in whole ms) refuses about half
+/// of those sent `1 / rate` after it, each refusal a Retry-After's hold.
+const SPACING_MARGIN: f64 = 1.03;
+
 /// The interval between releases at `rate`, which is finite and positive.
 fn spacing(rate: f64) -> Duration {
-    Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::from_secs(2))
+    Duration::try_from_secs_f64(SPACING_MARGIN / rate).unwrap_or(Duration::from_secs(2))
 }
 
 impl Pace {
@@ -193,8 +188,7 @@ impl Pace {
             quota: published.map(|_| rate),
             lifted: false,
             cap_kept: false,
-            // One interval after the throttling answer: the server has
-            // just admitted someone.
+            // One interval after the throttling answer (someone got in).
             next: after(now, spacing(rate)).unwrap_or(now),
             last_release: now,
             released_any: false,
@@ -245,6 +239,12 @@ impl Pace {
         let first = !self.released_any && self.hold.is_none();
         if let Some(hint) = hint.filter(|_| too_fast && !self.unrelated && (released || first)) {
             self.hold(now, hint);
+        }
+        if too_fast && !self.unrelated {
+            // The limit binds now (a new wave's first attempts told so):
+            // no probe upward, whose 429 would hold the queue, yet.
+            self.last_too_fast = self.last_too_fast.max(now);
+            self.calm_releases = 0;
         }
         if !released {
             return;
@@ -369,8 +369,8 @@ impl Pace {
         self.quiet_since = self.quiet_since.max(at);
     }
 
-    /// Holds every release until `until` from `now` because the server
-    /// said the route's quota is spent until then: first attempts too.
+    /// Holds every release, first attempts too, until `until` from `now`:
+    /// the server said the route's quota is spent until then.
     pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
         self.hold(now, until);
         let at = after(now, until).or(self.hold);

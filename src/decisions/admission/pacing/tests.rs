@@ -17,11 +17,12 @@ fn releases_are_spread_and_none_comes_before_the_hold() {
     assert_eq!(p.release(t1), Ok(()));
     // Everyone else waits, not one wave: asked again when the slot would
     // come were the release accepted (the rate ×3)…
-    let sooner = Duration::from_secs_f64(1.0 / (5.0 * RAMP_GROWTH));
+    let sooner = spacing(5.0 * RAMP_GROWTH);
     assert_eq!(p.release(t1), Err(sooner));
     // …but with no answer yet, none goes before the slot.
     assert!(p.release(t1 + sooner).is_err());
-    assert_eq!(p.release(t1 + ms(200)), Ok(()));
+    assert!(p.release(t1 + ms(200)).is_err(), "no margin for transit");
+    assert_eq!(p.release(t1 + spacing(5.0)), Ok(()));
 }
 
 /// Issue 42: once a hold ends, every accepted release raises the rate
@@ -107,7 +108,7 @@ fn a_published_average_caps_only_while_the_quota_is_spent() {
     p.succeeded(t1, true);
     assert!(p.rate() > quota * 2.0, "{}", p.rate());
     // A server whose average is its rate refuses the faster release…
-    let t2 = t1 + Duration::from_secs_f64(1.0 / p.rate());
+    let t2 = t1 + spacing(p.rate());
     p.release(t2).unwrap();
     p.throttled(t2, true, true, None);
     // …and the cap is back, for good.
@@ -200,8 +201,8 @@ fn a_host_that_admits_nothing_is_not_paced_after_its_hold() {
 fn a_retry_after_holds_the_releases_once_they_have_begun() {
     let t0 = Instant::now();
     let mut p = Pace::begin(t0, Some(10.0), 10_000.0);
-    assert_eq!(p.release(t0 + ms(100)), Ok(()));
-    let t1 = t0 + ms(110);
+    assert_eq!(p.release(t0 + spacing(10.0)), Ok(()));
+    let t1 = t0 + spacing(10.0) + ms(10);
     p.throttled(t1, true, true, Some(Duration::from_secs(3)));
     assert_eq!(p.release(t1 + ms(500)), Err(ms(2_500)));
 }
@@ -244,14 +245,16 @@ fn a_lifted_limit_is_followed_upward() {
 fn a_503_neither_slows_the_rate_nor_holds_once_releasing() {
     let t0 = Instant::now();
     let mut p = Pace::begin(t0, Some(10.0), 10_000.0);
-    assert_eq!(p.release(t0 + ms(100)), Ok(()));
-    p.throttled(t0 + ms(110), true, false, Some(Duration::from_secs(1)));
+    let t1 = t0 + spacing(10.0);
+    assert_eq!(p.release(t1), Ok(()));
+    p.throttled(t1 + ms(10), true, false, Some(Duration::from_secs(1)));
     assert_eq!(p.rate(), 10.0);
-    assert_eq!(p.release(t0 + ms(200)), Ok(()));
-    p.throttled(t0 + ms(210), true, true, Some(Duration::from_secs(1)));
+    let t2 = t1 + spacing(10.0);
+    assert_eq!(p.release(t2), Ok(()));
+    p.throttled(t2 + ms(10), true, true, Some(Duration::from_secs(1)));
     assert!(p.rate() < 10.0);
-    assert!(p.release(t0 + ms(900)).is_err());
-    assert_eq!(p.release(t0 + ms(1_210)), Ok(()));
+    assert!(p.release(t2 + ms(700)).is_err());
+    assert_eq!(p.release(t2 + ms(1_010)), Ok(()));
 }
 
 /// The end of a hold is not the end of the pacing: the queue behind it
@@ -279,6 +282,29 @@ fn pacing_outlives_its_hold_and_ends_when_nobody_waits() {
     assert!(q.release(t_end - ms(500)).is_err());
     assert!(!q.ended(t_end));
     assert!(q.ended(t_end + ms(500)));
+}
+
+/// A 429 to a call let through unpaced (a new wave's first attempts)
+/// says the route's limit binds now: the probe upward waits a calm
+/// interval from it, and the queue behind it goes at the rate that works,
+/// not at a faster one whose 429 would hold everyone for its Retry-After.
+#[test]
+fn a_429_to_a_first_attempt_postpones_the_probe_upward() {
+    let t0 = Instant::now();
+    let mut p = Pace::begin(t0, None, 10_000.0);
+    p.good = Some(5.0);
+    p.bad = Some(6.0);
+    p.rate = 5.0;
+    p.calm_releases = PROBE_RELEASES - 1;
+    let t1 = t0 + Duration::from_secs(10);
+    // Calm for a probe interval: the next success probes upward…
+    let mut calm = p.clone();
+    calm.succeeded(t1, true);
+    assert!(calm.rate() > 6.0, "{}", calm.rate());
+    // …unless a first attempt was just told "too many".
+    p.throttled(t1, false, true, Some(Duration::from_secs(1)));
+    p.succeeded(t1 + Duration::from_secs(1), true);
+    assert_eq!(p.rate(), 5.0);
 }
 
 /// However many 429s come, the rate never falls below one release per two
