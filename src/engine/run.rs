@@ -161,14 +161,14 @@ pub(crate) fn operation_span() -> tracing::Span {
 }
 
 /// One event per attempt: number, status or error kind, class, chosen delay,
-/// and the reason when it is the last (`i64`s: tracing-opentelemetry makes a `u64` a string).
+/// and the reason when it is the last (the OpenTelemetry count as `i64`, see `Run::finish`).
 fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
     let (delay_ms, stop_reason) = match step {
-        Step::Retry(d, _) => (i64::try_from(d.as_millis()).unwrap_or(i64::MAX), ""),
+        Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
         Step::Stop(r) => (0, r.as_str()),
     };
     tracing::info!(
-        attempt = i64::from(attempt),
+        attempt,
         http.request.resend_count = i64::from(attempt - 1),
         %outcome,
         class = verdict.class_name(),
@@ -437,6 +437,7 @@ impl<'p> Run<'p> {
         report.elapsed = now.saturating_duration_since(self.started);
         if self.traced {
             let span = tracing::Span::current();
+            // `i64`: tracing-opentelemetry exports a `u64` as a string.
             let resends = i64::from(self.attempt.saturating_sub(1));
             span.record("http.request.resend_count", resends);
             span.record("stop_reason", reason.as_str());
