@@ -135,7 +135,11 @@ fn the_quick_start_names_the_versions_the_crate_is_built_against() {
 #[test]
 fn the_metrics_page_gives_the_cargo_lines_of_the_feature_and_the_exporter() {
     let toml = blocks(section("Observability"), "toml");
-    assert_eq!(toml.len(), 1);
+    assert_eq!(
+        toml.len(),
+        2,
+        "the Prometheus route, the OpenTelemetry route"
+    );
     assert!(
         toml[0].contains("reqwest-safe-retry = { version = \"0.1\", features = [\"metrics\"] }")
     );
@@ -149,6 +153,52 @@ fn the_metrics_page_gives_the_cargo_lines_of_the_feature_and_the_exporter() {
         "{exporter} in {}",
         toml[0]
     );
+}
+
+/// The OpenTelemetry route's Cargo lines name the versions
+/// tests/opentelemetry.rs reads the exporters' output with.
+#[test]
+fn the_opentelemetry_route_names_the_versions_the_test_reads_back() {
+    let toml = blocks(section("Observability"), "toml");
+    let checks = include_str!("../Cargo.toml")
+        .split("\n[dev-dependencies]\n")
+        .nth(1)
+        .unwrap();
+    // `name = "1"` or `name = { version = "1", .. }`: the first quoted word.
+    let requirement = |text: &'static str, name: &str| {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        line.split('"').nth(1).unwrap()
+    };
+    for name in [
+        "opentelemetry",
+        "opentelemetry_sdk",
+        "tracing-opentelemetry",
+        "metrics-exporter-opentelemetry",
+    ] {
+        assert_eq!(
+            requirement(toml[1], name),
+            requirement(checks, name),
+            "{name}"
+        );
+    }
+    assert!(
+        toml[1].contains("reqwest-safe-retry = { version = \"0.1\", features = [\"metrics\"] }")
+    );
+    assert_eq!(
+        requirement(toml[1], "metrics"),
+        requirement(checks, "metrics")
+    );
+    // The set-up is the one the test installs.
+    let rust = blocks(section("Observability"), "rust");
+    assert_eq!(
+        rust.len(),
+        2,
+        "the Prometheus route, the OpenTelemetry route"
+    );
+    assert_eq!(rust[1], include_str!("support/opentelemetry.rs"));
 }
 
 #[test]

@@ -161,7 +161,7 @@ pub(crate) fn operation_span() -> tracing::Span {
 }
 
 /// One event per attempt: number, status or error kind, class, chosen delay,
-/// and the reason when it is the last.
+/// and the reason when it is the last (the OpenTelemetry count as `i64`, see `Run::finish`).
 fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
     let (delay_ms, stop_reason) = match step {
         Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
@@ -169,7 +169,7 @@ fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, ste
     };
     tracing::info!(
         attempt,
-        http.request.resend_count = attempt - 1,
+        http.request.resend_count = i64::from(attempt - 1),
         %outcome,
         class = verdict.class_name(),
         delay_ms,
@@ -437,7 +437,9 @@ impl<'p> Run<'p> {
         report.elapsed = now.saturating_duration_since(self.started);
         if self.traced {
             let span = tracing::Span::current();
-            span.record("http.request.resend_count", self.attempt.saturating_sub(1));
+            // `i64`: tracing-opentelemetry exports a `u64` as a string.
+            let resends = i64::from(self.attempt.saturating_sub(1));
+            span.record("http.request.resend_count", resends);
             span.record("stop_reason", reason.as_str());
         }
         self.policy

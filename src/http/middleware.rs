@@ -109,7 +109,8 @@ impl Middleware for RetryMiddleware {
                 "retry",
                 http.request.method = %request.method(),
                 server.address = request.url().host_str().unwrap_or_default(),
-                server.port = request.url().port_or_known_default(),
+                // `i64`: tracing-opentelemetry exports it as an integer.
+                server.port = request.url().port_or_known_default().map(i64::from),
                 url.path = request.url().path(),
                 idempotency_key = key.as_ref().map(SharedKey::as_str),
                 http.request.resend_count = tracing::field::Empty,
