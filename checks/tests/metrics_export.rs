@@ -61,19 +61,7 @@ async fn every_counter_and_the_attempts_histogram_reach_the_recorder() {
 
     // A second policy, hedging: its second GET's first copy never answers,
     // the hedge (sent at once: the manual clock's sleeps end at once) does.
-    let hedging = RetryPolicy::builder()
-        .manual_clock(&clock)
-        .hedge(HedgeConfig {
-            min_samples: 1,
-            max_extra_load: 1.0,
-            ..HedgeConfig::default()
-        })
-        .build()
-        .unwrap();
-    let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-        .with(RetryMiddleware::new(hedging.clone()))
-        .with(SecondNeverAnswers::default())
-        .build();
+    let (hedging, stalls) = hedging_stalls(&clock);
     for _ in 0..2 {
         let r = stalls.get("http://stalls.test/").send().await.unwrap();
         assert_eq!(r.status(), 200);
@@ -351,19 +339,7 @@ fn series_label_the_host_sent_to_not_the_partition() {
                 assert_eq!(r.unwrap().status(), 200, "{url}");
             }
             // Hedged: host-f's first copy never answers, its hedge does.
-            let hedging = RetryPolicy::builder()
-                .manual_clock(&clock)
-                .hedge(HedgeConfig {
-                    min_samples: 1,
-                    max_extra_load: 1.0,
-                    ..HedgeConfig::default()
-                })
-                .build()
-                .unwrap();
-            let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-                .with(RetryMiddleware::new(hedging))
-                .with(SecondNeverAnswers::default())
-                .build();
+            let (_, stalls) = hedging_stalls(&clock);
             let hedged = RequestOptions::new().partition(Partition::named("hedged"));
             for url in ["http://host-e.test/", "http://host-f.test/"] {
                 let r = stalls.get(url).with_extension(hedged.clone()).send().await;
@@ -513,6 +489,26 @@ impl metrics::Recorder for Touched {
 
 /// The end of a chain that answers `200` at once, except its second
 /// request, which it never answers.
+/// A policy that hedges every GET at once (on the manual clock the hedge
+/// delay ends as soon as it starts), over a client whose second request
+/// never answers: that request's hedge wins.
+fn hedging_stalls(clock: &ManualClock) -> (RetryPolicy, reqwest_middleware::ClientWithMiddleware) {
+    let hedging = RetryPolicy::builder()
+        .manual_clock(clock)
+        .hedge(HedgeConfig {
+            min_samples: 1,
+            max_extra_load: 1.0,
+            ..HedgeConfig::default()
+        })
+        .build()
+        .unwrap();
+    let stalls = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(hedging.clone()))
+        .with(SecondNeverAnswers::default())
+        .build();
+    (hedging, stalls)
+}
+
 #[derive(Default)]
 struct SecondNeverAnswers(std::sync::atomic::AtomicUsize);
 
