@@ -16,9 +16,8 @@
 mod proxy;
 mod support;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -29,34 +28,13 @@ use http::{Request, StatusCode};
 use proxy::Proxy;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{InheritDeadlineLayer, RetryMiddleware, RetryPolicy};
+use support::charges::downstream;
 use support::payments::database_url;
 use tokio::sync::Notify;
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyContext, IdempotencyLayer, MemoryStore, PostgresStore};
+use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore};
 
 const LOCK_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The downstream service: charges once per key it has not seen.
-async fn downstream() -> (String, Arc<Mutex<HashMap<String, u32>>>) {
-    let charges: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let counted = charges.clone();
-    let app = Router::new()
-        .route(
-            "/charges",
-            post(move |body: String| {
-                let counted = counted.clone();
-                async move {
-                    *counted.lock().unwrap().entry(body).or_default() += 1;
-                    (StatusCode::CREATED, "charged")
-                }
-            }),
-        )
-        .layer(IdempotencyLayer::new(MemoryStore::new()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, charges)
-}
 
 /// What the upstream replicas share.
 #[derive(Clone)]

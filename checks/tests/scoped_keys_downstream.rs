@@ -12,9 +12,10 @@
 //! Our client sends every request; no real time passes: the idempotency
 //! store's clock is moved by hand.
 
-use std::collections::HashMap;
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::routing::post;
@@ -22,6 +23,7 @@ use axum::Router;
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{InheritDeadlineLayer, RetryMiddleware, RetryPolicy};
+use support::charges::{downstream, serve};
 use tokio::sync::Notify;
 use tower_idempotency::{
     ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyLayer, IdempotencyLayerBuilder,
@@ -64,33 +66,6 @@ impl IdempotencyStore for GoneOwner {
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
         self.0.sweep_expired().await
     }
-}
-
-async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    url
-}
-
-/// The downstream service: charges once per request its own
-/// `tower-idempotency` lets through, counted by body.
-async fn downstream() -> (String, Arc<Mutex<HashMap<String, u32>>>) {
-    let charges: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
-    let counted = charges.clone();
-    let app = Router::new()
-        .route(
-            "/charges",
-            post(move |body: String| {
-                let counted = counted.clone();
-                async move {
-                    *counted.lock().unwrap().entry(body).or_default() += 1;
-                    (StatusCode::CREATED, "charged")
-                }
-            }),
-        )
-        .layer(IdempotencyLayer::new(MemoryStore::new()));
-    (serve(app).await, charges)
 }
 
 fn client() -> ClientWithMiddleware {

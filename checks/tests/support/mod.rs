@@ -19,6 +19,7 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 use replicas::read_head;
 
 pub mod canned;
+pub mod charges;
 pub mod hosts;
 pub mod payments;
 pub mod replicas;
