@@ -19,6 +19,7 @@
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/examples/layer_cost --only layer --tasks 1 --requests 20001
 //! # per request = (count at 20 001 - count at 1) / 20 000; `--only bare` for the handler alone
+//! # `--bearer TOKEN`: every request carries that credential (keys scoped by its digest)
 //! ```
 
 mod support;
@@ -50,6 +51,11 @@ struct Args {
     /// where a paired run would count both.
     #[arg(long, value_enum)]
     only: Option<Only>,
+    /// Every request carries `Authorization: Bearer <this>` (one caller),
+    /// as most production traffic does: the layer then scopes keys by the
+    /// credential's digest instead of the anonymous scope.
+    #[arg(long)]
+    bearer: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -92,18 +98,24 @@ fn router(layer: bool) -> Router {
 }
 
 /// Wall time per request over `tasks` tasks sending `per_task` each.
-async fn run(app: Router, tasks: usize, per_task: usize) -> Duration {
+async fn run(app: Router, tasks: usize, per_task: usize, bearer: Option<&str>) -> Duration {
+    let authorization = bearer.map(|token| format!("Bearer {token}"));
     let prefix = uuid::Uuid::new_v4().simple().to_string();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|t| {
             let app = app.clone();
             let prefix = prefix.clone();
+            let authorization = authorization.clone();
             tokio::spawn(async move {
                 for i in 0..per_task {
-                    let request = Request::post("/pay")
+                    let mut request = Request::post("/pay")
                         .header("idempotency-key", format!("{prefix}-{t}-{i}"))
-                        .header(header::CONTENT_TYPE, "application/json")
+                        .header(header::CONTENT_TYPE, "application/json");
+                    if let Some(value) = &authorization {
+                        request = request.header(header::AUTHORIZATION, value);
+                    }
+                    let request = request
                         .body(Body::from(r#"{"amount":1234,"currency":"eur"}"#))
                         .expect("a valid request");
                     let response = app.clone().oneshot(request).await.expect("infallible");
@@ -120,6 +132,7 @@ async fn run(app: Router, tasks: usize, per_task: usize) -> Duration {
 
 fn main() {
     let args = Args::parse();
+    let bearer = args.bearer.as_deref();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -128,7 +141,7 @@ fn main() {
     if let Some(only) = args.only {
         let tasks = args.tasks.first().copied().unwrap_or(1).max(1);
         let per_task = (args.requests / tasks).max(1);
-        let took = rt.block_on(run(router(only == Only::Layer), tasks, per_task));
+        let took = rt.block_on(run(router(only == Only::Layer), tasks, per_task, bearer));
         println!("{only:?}: {} ns per request", took.as_nanos());
         return;
     }
@@ -141,11 +154,11 @@ fn main() {
             // A fresh store per measurement, like the load generator.
             let (b, l) = rt.block_on(async {
                 if round % 2 == 0 {
-                    let b = run(router(false), tasks, per_task).await;
-                    (b, run(router(true), tasks, per_task).await)
+                    let b = run(router(false), tasks, per_task, bearer).await;
+                    (b, run(router(true), tasks, per_task, bearer).await)
                 } else {
-                    let l = run(router(true), tasks, per_task).await;
-                    (run(router(false), tasks, per_task).await, l)
+                    let l = run(router(true), tasks, per_task, bearer).await;
+                    (run(router(false), tasks, per_task, bearer).await, l)
                 }
             });
             let (b, l) = (b.as_nanos() as f64, l.as_nanos() as f64);
