@@ -10,7 +10,7 @@ use crate::store::{
 };
 
 use super::map::{later, outcome_of, Record, State};
-use super::MemoryStore;
+use super::{KeyHash, MemoryStore};
 
 impl MemoryStore {
     /// [`IdempotencyStore::claim`], answered at once: what the trait's
@@ -25,7 +25,7 @@ impl MemoryStore {
     pub(crate) fn claim_hashed(
         &self,
         req: ClaimRequest<'_>,
-        hash: u64,
+        hash: KeyHash,
     ) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         let now = self.clock.now();
@@ -52,11 +52,13 @@ impl MemoryStore {
             },
         };
         let Some(record) = inner.find_mut(hash, req.scope, req.key) else {
-            self.make_room(&mut inner, req.scope, now)?;
-            let (id, scope) = inner.new_id(req.scope, req.key);
+            self.make_room(&mut inner, hash, req.scope, now)?;
+            let (id, scope) = inner.new_id(hash, req.scope, req.key);
             inner
                 .records
-                .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
+                .insert_unique(hash.record, fresh(hash, id, scope, lease), |r| {
+                    r.hash.record
+                });
             return Ok(ClaimOutcome::Claimed { lease, epoch });
         };
         // An expired record in progress is not free: its owner may only be
@@ -97,7 +99,7 @@ impl MemoryStore {
     /// [`MemoryStore::claim_now`]).
     pub(crate) fn complete_now(
         &self,
-        hash: u64,
+        hash: KeyHash,
         scope: &str,
         key: &str,
         lease: LeaseToken,
@@ -247,6 +249,19 @@ mod tests {
             matches!(again, ClaimOutcome::InProgress { .. }),
             "{again:?}"
         );
+    }
+
+    /// Both of a record's hashes, its scope's and its own, are keyed per
+    /// store (SipHash with a random key), never a fixed function: keys and
+    /// scopes a client chooses cannot be made to collide in the table
+    /// (hash flooding), since the collisions differ from store to store.
+    #[test]
+    fn both_hashes_are_keyed_per_store() {
+        let (a, b) = (MemoryStore::new(), MemoryStore::new());
+        let (one, other) = (a.hash_of("scope", "key"), b.hash_of("scope", "key"));
+        assert_eq!(one, a.hash_of("scope", "key"), "one store, one hash");
+        assert_ne!(one.scope, other.scope, "the scope's hash is not keyed");
+        assert_ne!(one.record, other.record, "the record's hash is not keyed");
     }
 
     /// Leases are never handed out twice by a store, and two stores hand

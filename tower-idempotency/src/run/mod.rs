@@ -35,6 +35,7 @@ use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
+use crate::memory::KeyHash;
 use crate::replay::{to_response, to_stored};
 use crate::scope::announce;
 use crate::store::IdempotencyStore;
@@ -88,7 +89,7 @@ where
             }
             // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for
             // `Arc` would box a second future around the store's own.
-            None => ((*store).claim(request).await, 0),
+            None => ((*store).claim(request).await, KeyHash::default()),
         };
         let (lease, epoch) = match answer_without_running(claimed, &config) {
             Ok(claimed) => claimed,
