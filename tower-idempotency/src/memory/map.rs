@@ -11,7 +11,9 @@ use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 
-use crate::store::{ClaimOutcome, Fingerprint, LeaseToken, StoredResponse};
+use crate::store::{ClaimOutcome, Fingerprint, LeaseToken};
+
+use super::KeptResponse;
 
 /// Far enough in the future to mean "never" for a record's expiry.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -61,7 +63,7 @@ pub(super) enum State {
         ttl: Duration,
     },
     /// Completed; `seq` is the record's place in its scope's eviction order.
-    Completed { response: StoredResponse, seq: u64 },
+    Completed { response: KeptResponse, seq: u64 },
 }
 
 #[derive(Debug)]
@@ -363,7 +365,7 @@ pub(super) fn outcome_of(record: &Record, fingerprint: Fingerprint) -> ClaimOutc
     let fingerprint_matches = record.fingerprint == fingerprint;
     match &record.state {
         State::Completed { response, .. } => ClaimOutcome::Completed {
-            response: response.clone(),
+            response: response.to_stored(),
             fingerprint_matches,
         },
         State::InProgress { .. } => ClaimOutcome::InProgress {

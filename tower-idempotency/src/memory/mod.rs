@@ -8,16 +8,18 @@
 
 mod map;
 mod ops;
+mod response;
 
 use std::hash::RandomState;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::store::{Clock, LeaseToken, StoreError, StoredResponse, SystemClock};
+use crate::store::{Clock, LeaseToken, StoreError, SystemClock};
 
 pub(crate) use self::map::KeyHash;
 use self::map::{hash_of, later, Inner, State};
+pub(crate) use self::response::KeptResponse;
 
 /// Default bound on the number of records a [`MemoryStore`] holds.
 pub const DEFAULT_MEMORY_MAX_KEYS: usize = 100_000;
@@ -226,7 +228,7 @@ impl MemoryStore {
         scope: &str,
         key: &str,
         lease: LeaseToken,
-        response: impl FnOnce() -> StoredResponse,
+        response: impl FnOnce() -> KeptResponse,
     ) -> bool {
         let mut inner = self.lock();
         let seq = inner.next_seq;
@@ -234,7 +236,7 @@ impl MemoryStore {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 let response = response();
-                let success = (200..300).contains(&response.status);
+                let success = (200..300).contains(&response.status());
                 record.state = State::Completed { response, seq };
                 (record.id.clone(), record.scope.clone(), success)
             }

@@ -10,7 +10,7 @@ use crate::store::{
 };
 
 use super::map::{later, outcome_of, Record, State};
-use super::{KeyHash, MemoryStore};
+use super::{KeptResponse, KeyHash, MemoryStore};
 
 impl MemoryStore {
     /// [`IdempotencyStore::claim`], answered at once: what the trait's
@@ -96,16 +96,17 @@ impl MemoryStore {
 
     /// [`IdempotencyStore::complete_owned`] of a key whose
     /// [`hash_of`](Self::hash_of) is `hash`, answered at once (see
-    /// [`MemoryStore::claim_now`]).
+    /// [`MemoryStore::claim_now`]), with the response `response` makes
+    /// (called only if the lease is still ours).
     pub(crate) fn complete_now(
         &self,
         hash: KeyHash,
         scope: &str,
         key: &str,
         lease: LeaseToken,
-        response: StoredResponse,
+        response: impl FnOnce() -> KeptResponse,
     ) -> bool {
-        self.keep_response(hash, scope, key, lease, || response)
+        self.keep_response(hash, scope, key, lease, response)
     }
 }
 
@@ -142,7 +143,8 @@ impl IdempotencyStore for MemoryStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let hash = self.hash_of(scope, key);
-        Ok(self.keep_response(hash, scope, key, lease, || response.clone()))
+        let response = || KeptResponse::Stored(response.clone());
+        Ok(self.keep_response(hash, scope, key, lease, response))
     }
 
     async fn complete_owned(
@@ -153,6 +155,7 @@ impl IdempotencyStore for MemoryStore {
         response: StoredResponse,
     ) -> Result<bool, StoreError> {
         let hash = self.hash_of(scope, key);
+        let response = || KeptResponse::Stored(response);
         Ok(self.complete_now(hash, scope, key, lease, response))
     }
 
