@@ -42,13 +42,19 @@ pub(crate) struct KeyHash {
 /// collide, in either table.
 pub(super) fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> KeyHash {
     let scope = hasher.hash_one(scope);
+    KeyHash {
+        scope,
+        record: record_hash(hasher, scope, key),
+    }
+}
+
+/// The keyed hash of the record of `key` in the scope whose keyed hash is
+/// `scope`: keyed itself, not only through `scope`.
+pub(super) fn record_hash(hasher: &RandomState, scope: u64, key: &str) -> u64 {
     let mut state = hasher.build_hasher();
     state.write_u64(scope);
     state.write(key.as_bytes());
-    KeyHash {
-        scope,
-        record: state.finish(),
-    }
+    state.finish()
 }
 
 #[derive(Debug)]

@@ -265,6 +265,13 @@ mod tests {
         assert_eq!(one, a.hash_of("scope", "key"), "one store, one hash");
         assert_ne!(one.scope, other.scope, "the scope's hash is not keyed");
         assert_ne!(one.record, other.record, "the record's hash is not keyed");
+        // Keyed itself, not only through the scope's hash.
+        let record = |store: &MemoryStore| super::super::map::record_hash(&store.hasher, 7, "key");
+        assert_ne!(
+            record(&a),
+            record(&b),
+            "the record's hash is keyed only through its scope's"
+        );
     }
 
     /// Leases are never handed out twice by a store, and two stores hand

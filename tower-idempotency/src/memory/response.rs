@@ -54,8 +54,9 @@ impl Headers {
 
 impl KeptResponse {
     /// What is kept of a response: its status, the values of its `names`
-    /// headers that are text, in order, and its body (as
-    /// [`to_stored`](crate::replay) keeps them).
+    /// headers, in order, and its body. Values that are not text are
+    /// left out when it is replayed ([`to_stored`](Self::to_stored)), as
+    /// [`to_stored`](crate::replay) leaves them out.
     pub(crate) fn of(parts: &Parts, names: &[HeaderName], body: Bytes) -> Self {
         let mut headers = Headers::default();
         // Loops, not `to_stored`'s chain of iterators: ~60 instructions
@@ -63,9 +64,7 @@ impl KeptResponse {
         // the same headers.
         for name in names {
             for value in parts.headers.get_all(name) {
-                if value.to_str().is_ok() {
-                    headers.push((name.clone(), value.clone()));
-                }
+                headers.push((name.clone(), value.clone()));
             }
         }
         Self::Http {
@@ -93,7 +92,7 @@ impl KeptResponse {
                 body,
             } => StoredResponse {
                 status: *status,
-                // Every kept value is text (`of`): none is left out.
+                // Only values that are text, as `to_stored` keeps them.
                 headers: headers
                     .iter()
                     .filter_map(|(name, value)| {
