@@ -28,8 +28,24 @@ use std::sync::{Arc, OnceLock};
 /// assert!(!inner.set("mallory"), "set once");
 /// assert_eq!(outer.get(), Some("alice"));
 /// ```
-#[derive(Clone, Default)]
-pub struct CallerScope(Arc<OnceLock<String>>);
+#[derive(Clone)]
+pub struct CallerScope(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// Set once, by whichever clone sets it first.
+    Shared(Arc<OnceLock<String>>),
+    /// Set when made ([`CallerScope::of_static`]): no clone can set it
+    /// again, so its clones need not share anything, and making it
+    /// allocates nothing (the idempotency layer makes one per request).
+    Fixed(&'static str),
+}
+
+impl Default for CallerScope {
+    fn default() -> Self {
+        Self(Repr::Shared(Arc::default()))
+    }
+}
 
 impl CallerScope {
     /// A scope not set yet.
@@ -44,15 +60,35 @@ impl CallerScope {
         this
     }
 
+    /// A scope already set to `scope`, as [`of`](Self::of) makes it,
+    /// without allocating.
+    ///
+    /// ```
+    /// use idempotency_key::CallerScope;
+    ///
+    /// let scope = CallerScope::of_static("anonymous");
+    /// assert!(!scope.clone().set("mallory"), "set once");
+    /// assert_eq!(scope.get(), Some("anonymous"));
+    /// ```
+    pub fn of_static(scope: &'static str) -> Self {
+        Self(Repr::Fixed(scope))
+    }
+
     /// Sets the scope, for this value and every clone of it; `false` (and
     /// nothing changed) if it was set already.
     pub fn set(&self, scope: impl Into<String>) -> bool {
-        self.0.set(scope.into()).is_ok()
+        match &self.0 {
+            Repr::Shared(cell) => cell.set(scope.into()).is_ok(),
+            Repr::Fixed(_) => false,
+        }
     }
 
     /// The scope, once set.
     pub fn get(&self) -> Option<&str> {
-        self.0.get().map(String::as_str)
+        match &self.0 {
+            Repr::Shared(cell) => cell.get().map(String::as_str),
+            Repr::Fixed(scope) => Some(scope),
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use tokio::runtime::{Handle, Id};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::memory::KeyHash;
 use crate::store::{Fingerprint, IdempotencyStore, LeaseToken};
 
 /// `d` in nanoseconds, saturating below [`HELD_FOREVER`].
@@ -68,9 +69,9 @@ pub(crate) struct Kept {
     completed_in_tx: AtomicBool,
     /// ... and that transaction committed: the layer has nothing to store.
     committed_by_handler: AtomicBool,
-    /// The key's hash in the layer's `MemoryStore`, from the claim: the
-    /// completion does not hash the key again (0 with other stores).
-    pub(crate) memory_hash: u64,
+    /// The key's hashes in the layer's `MemoryStore`, from the claim: the
+    /// completion does not hash the key again (unused with other stores).
+    pub(crate) memory_hash: KeyHash,
     /// The layer stores the response and commits in a transaction of its
     /// own (PostgreSQL's transactional mode): the handler must not.
     pub(crate) layer_commits: bool,
@@ -97,7 +98,7 @@ impl Kept {
             lost: AtomicBool::new(false),
             completed_in_tx: AtomicBool::new(false),
             committed_by_handler: AtomicBool::new(false),
-            memory_hash: 0,
+            memory_hash: KeyHash::default(),
             layer_commits: false,
         }
     }

@@ -4,14 +4,16 @@
 //! records. Knows nothing of the store's bounds or of the store trait's
 //! calls; uses only the store's value types.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hashbrown::HashTable;
 
-use crate::store::{ClaimOutcome, Fingerprint, LeaseToken, StoredResponse};
+use crate::store::{ClaimOutcome, Fingerprint, LeaseToken};
+
+use super::KeptResponse;
 
 /// Far enough in the future to mean "never" for a record's expiry.
 const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -21,13 +23,36 @@ const FAR_FUTURE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// copied) by the table and the eviction order.
 type MapKey = Arc<str>;
 
-/// The keyed hash of `(scope, key)`, over the pieces themselves: a lookup
-/// copies neither into a buffer first. Every lookup of the table takes it
-/// from here, with the store's `hasher`.
-pub(super) fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> u64 {
+/// The keyed hashes a request's record is found by, computed once per
+/// request (outside the store's lock) and kept with the record: its
+/// scope's, which finds the scope's accounting, and its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct KeyHash {
+    /// The keyed hash of the scope: finds the scope's accounting.
+    pub(super) scope: u64,
+    /// The keyed hash of `(scope, key)`: finds the record.
+    pub(super) record: u64,
+}
+
+/// The keyed hashes of `(scope, key)`, over the pieces themselves: a
+/// lookup copies neither into a buffer first. The scope is hashed once;
+/// the record's hash is that of the scope's hash and the key, so the
+/// scope's bytes are not hashed twice. Both use the store's `hasher`
+/// (SipHash with a random key): keys a client chooses cannot be made to
+/// collide, in either table.
+pub(super) fn hash_of(hasher: &RandomState, scope: &str, key: &str) -> KeyHash {
+    let scope = hasher.hash_one(scope);
+    KeyHash {
+        scope,
+        record: record_hash(hasher, scope, key),
+    }
+}
+
+/// The keyed hash of the record of `key` in the scope whose keyed hash is
+/// `scope`: keyed itself, not only through `scope`.
+pub(super) fn record_hash(hasher: &RandomState, scope: u64, key: &str) -> u64 {
     let mut state = hasher.build_hasher();
-    state.write_usize(scope.len());
-    state.write(scope.as_bytes());
+    state.write_u64(scope);
     state.write(key.as_bytes());
     state.finish()
 }
@@ -44,14 +69,15 @@ pub(super) enum State {
         ttl: Duration,
     },
     /// Completed; `seq` is the record's place in its scope's eviction order.
-    Completed { response: StoredResponse, seq: u64 },
+    Completed { response: KeptResponse, seq: u64 },
 }
 
 #[derive(Debug)]
 pub(super) struct Record {
-    /// The keyed hash of `id`, computed once: growing the table rehashes
-    /// no string.
-    pub(super) hash: u64,
+    /// The keyed hashes of its scope and of `id`, computed once: growing
+    /// either table rehashes no string, and its scope's accounting is found
+    /// without hashing the scope again.
+    pub(super) hash: KeyHash,
     /// Its identity, shared with the eviction order.
     pub(super) id: MapKey,
     /// Its scope, shared with the scope's accounting.
@@ -75,6 +101,9 @@ impl Record {
 /// What one scope (one caller) holds.
 #[derive(Debug)]
 pub(super) struct ScopeRecords {
+    /// The keyed hash of `scope` ([`KeyHash`]'s): growing the table
+    /// rehashes no string.
+    hash: u64,
     /// The scope, shared with its records.
     scope: Arc<str>,
     /// Its records, in progress or completed.
@@ -106,8 +135,9 @@ pub(super) struct Inner {
     /// The records, found by the keyed hash of their identity
     /// ([`hash_of`], with the store's hasher).
     pub(super) records: HashTable<Record>,
-    /// Every scope that holds a record.
-    pub(super) scopes: HashMap<Arc<str>, ScopeRecords>,
+    /// Every scope that holds a record, found by its keyed hash
+    /// ([`KeyHash`]'s scope hash).
+    scopes: HashTable<ScopeRecords>,
     pub(super) next_seq: u64,
     pub(super) next_sweep: Option<SystemTime>,
     /// The last sweep made to find room in a full store.
@@ -157,7 +187,7 @@ impl Inner {
                 _ => record.expires_at > now,
             };
             if !live {
-                if let Some(s) = scopes.get_mut(&*record.scope) {
+                if let Some(s) = find_scope(scopes, record.hash.scope, &record.scope) {
                     s.count = s.count.saturating_sub(1);
                 }
             }
@@ -169,7 +199,7 @@ impl Inner {
                 Some(Record { state: State::Completed { seq: s, .. }, .. }) if *s == seq
             )
         };
-        scopes.retain(|_, s| {
+        scopes.retain(|s| {
             s.completed.retain(current);
             s.count > 0
         });
@@ -183,34 +213,48 @@ impl Inner {
         LeaseToken(uuid::Uuid::from_u64_pair(nonce, self.leases))
     }
 
-    /// The record of `(scope, key)`, whose hash is `hash`.
-    pub(super) fn find_mut(&mut self, hash: u64, scope: &str, key: &str) -> Option<&mut Record> {
-        self.records.find_mut(hash, |r| r.is(scope, key))
+    /// The record of `(scope, key)`, whose hashes are `hash`.
+    pub(super) fn find_mut(
+        &mut self,
+        hash: KeyHash,
+        scope: &str,
+        key: &str,
+    ) -> Option<&mut Record> {
+        self.records.find_mut(hash.record, |r| r.is(scope, key))
+    }
+
+    /// What `scope` holds, if it holds a record; `hash` is its scope's.
+    pub(super) fn scope(&self, hash: KeyHash, scope: &str) -> Option<&ScopeRecords> {
+        self.scopes.find(hash.scope, |s| *s.scope == *scope)
+    }
+
+    /// What `scope`, whose keyed hash is `hash`, holds.
+    pub(super) fn scope_mut(&mut self, hash: u64, scope: &str) -> Option<&mut ScopeRecords> {
+        find_scope(&mut self.scopes, hash, scope)
     }
 
     /// The identity of a new record of `(scope, key)`, and its scope
-    /// (counted as holding one more record).
-    pub(super) fn new_id(&mut self, scope: &str, key: &str) -> (MapKey, Arc<str>) {
+    /// (counted as holding one more record); `hash` is the record's.
+    pub(super) fn new_id(&mut self, hash: KeyHash, scope: &str, key: &str) -> (MapKey, Arc<str>) {
         self.joined.clear();
         self.joined.push_str(scope);
         self.joined.push_str(key);
         // One lookup when the scope holds records already (the common case).
-        let scope = match self.scopes.get_mut(scope) {
+        let scope = match self.scope_mut(hash.scope, scope) {
             Some(records) => {
                 records.count += 1;
                 records.scope.clone()
             }
             None => {
                 let shared: Arc<str> = Arc::from(scope);
-                self.scopes.insert(
-                    shared.clone(),
-                    ScopeRecords {
-                        scope: shared.clone(),
-                        count: 1,
-                        completed: VecDeque::new(),
-                        succeeded: false,
-                    },
-                );
+                let records = ScopeRecords {
+                    hash: hash.scope,
+                    scope: shared.clone(),
+                    count: 1,
+                    completed: VecDeque::new(),
+                    succeeded: false,
+                };
+                self.scopes.insert_unique(hash.scope, records, |s| s.hash);
                 shared
             }
         };
@@ -219,10 +263,14 @@ impl Inner {
 
     /// Counts a removed record out of its scope.
     fn forget(&mut self, record: &Record) {
-        if let Some(s) = self.scopes.get_mut(&*record.scope) {
+        let found = self
+            .scopes
+            .find_entry(record.hash.scope, |s| *s.scope == *record.scope);
+        if let Ok(mut entry) = found {
+            let s = entry.get_mut();
             s.count = s.count.saturating_sub(1);
             if s.count == 0 {
-                self.scopes.remove(&*record.scope);
+                entry.remove();
             }
         }
     }
@@ -230,12 +278,12 @@ impl Inner {
     /// Removes the record of `(scope, key)` if `remove` says so.
     pub(super) fn remove_if(
         &mut self,
-        hash: u64,
+        hash: KeyHash,
         scope: &str,
         key: &str,
         remove: impl FnOnce(&Record) -> bool,
     ) -> bool {
-        match self.records.find_entry(hash, |r| r.is(scope, key)) {
+        match self.records.find_entry(hash.record, |r| r.is(scope, key)) {
             Ok(entry) if remove(entry.get()) => {
                 let (record, _) = entry.remove();
                 self.forget(&record);
@@ -256,7 +304,7 @@ impl Inner {
             let record = entry.get();
             let still_a_stranger = self
                 .scopes
-                .get(&*record.scope)
+                .find(record.hash.scope, |s| *s.scope == *record.scope)
                 .is_some_and(|s| !s.succeeded);
             if still_a_stranger
                 && matches!(record.state, State::Completed { seq: s, .. } if s == seq)
@@ -277,16 +325,15 @@ impl Inner {
 
     /// Removes the oldest completed record of `scope`; `false` if it has
     /// none. Only completed records: an in-progress one is never evicted.
-    pub(super) fn evict_oldest_completed(&mut self, scope: &str) -> bool {
+    pub(super) fn evict_oldest_completed(&mut self, hash: KeyHash, scope: &str) -> bool {
         loop {
-            let Some((seq, hash, id)) = self
-                .scopes
-                .get_mut(scope)
+            let Some((seq, record, id)) = self
+                .scope_mut(hash.scope, scope)
                 .and_then(|s| s.completed.pop_front())
             else {
                 return false;
             };
-            if let Ok(entry) = self.records.find_entry(hash, |r| Arc::ptr_eq(&r.id, &id)) {
+            if let Ok(entry) = self.records.find_entry(record, |r| Arc::ptr_eq(&r.id, &id)) {
                 if matches!(entry.get().state, State::Completed { seq: s, .. } if s == seq) {
                     let (record, _) = entry.remove();
                     self.forget(&record);
@@ -303,6 +350,16 @@ impl Inner {
     }
 }
 
+/// What `scope`, whose keyed hash is `hash`, holds (a function, not a
+/// method: the sweep holds the records' table meanwhile).
+fn find_scope<'a>(
+    scopes: &'a mut HashTable<ScopeRecords>,
+    hash: u64,
+    scope: &str,
+) -> Option<&'a mut ScopeRecords> {
+    scopes.find_mut(hash, |s| *s.scope == *scope)
+}
+
 pub(super) fn later(now: SystemTime, by: Duration) -> SystemTime {
     now.checked_add(by.min(FAR_FUTURE))
         .or_else(|| now.checked_add(FAR_FUTURE))
@@ -314,7 +371,7 @@ pub(super) fn outcome_of(record: &Record, fingerprint: Fingerprint) -> ClaimOutc
     let fingerprint_matches = record.fingerprint == fingerprint;
     match &record.state {
         State::Completed { response, .. } => ClaimOutcome::Completed {
-            response: response.clone(),
+            response: response.to_stored(),
             fingerprint_matches,
         },
         State::InProgress { .. } => ClaimOutcome::InProgress {

@@ -8,15 +8,18 @@
 
 mod map;
 mod ops;
+mod response;
 
 use std::hash::RandomState;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use crate::store::{Clock, LeaseToken, StoreError, StoredResponse, SystemClock};
+use crate::store::{Clock, LeaseToken, StoreError, SystemClock};
 
+pub(crate) use self::map::KeyHash;
 use self::map::{hash_of, later, Inner, State};
+pub(crate) use self::response::KeptResponse;
 
 /// Default bound on the number of records a [`MemoryStore`] holds.
 pub const DEFAULT_MEMORY_MAX_KEYS: usize = 100_000;
@@ -142,10 +145,10 @@ impl MemoryStore {
         self.lock().evicted
     }
 
-    /// The keyed hash the store finds `(scope, key)` by: computed once per
-    /// request (the layer hands the claim's to the completion), and outside
-    /// the lock.
-    pub(crate) fn hash_of(&self, scope: &str, key: &str) -> u64 {
+    /// The keyed hashes the store finds `(scope, key)` and its scope by:
+    /// computed once per request (the layer hands the claim's to the
+    /// completion), and outside the lock.
+    pub(crate) fn hash_of(&self, scope: &str, key: &str) -> KeyHash {
         hash_of(&self.hasher, scope, key)
     }
 
@@ -165,8 +168,14 @@ impl MemoryStore {
 
     /// Makes room for one new record of `scope`, or explains why there is
     /// none.
-    fn make_room(&self, inner: &mut Inner, scope: &str, now: SystemTime) -> Result<(), StoreError> {
-        let own = |inner: &Inner| inner.scopes.get(scope).map_or(0, |s| s.count);
+    fn make_room(
+        &self,
+        inner: &mut Inner,
+        hash: KeyHash,
+        scope: &str,
+        now: SystemTime,
+    ) -> Result<(), StoreError> {
+        let own = |inner: &Inner| inner.scope(hash, scope).map_or(0, |s| s.count);
         let per_scope = self
             .max_keys_per_scope
             .map_or(usize::MAX, NonZeroUsize::get);
@@ -192,7 +201,7 @@ impl MemoryStore {
         // Then the caller's own oldest completed record; then, when the
         // store as a whole is full, the oldest answer stored for a caller
         // that never succeeded: never the answer of one that did.
-        if inner.evict_oldest_completed(scope) {
+        if inner.evict_oldest_completed(hash, scope) {
             return Ok(());
         }
         if own(inner) < per_scope && inner.evict_oldest_stranger() {
@@ -215,11 +224,11 @@ impl MemoryStore {
     /// makes (called only then: a lease no longer ours copies nothing).
     fn keep_response(
         &self,
-        hash: u64,
+        hash: KeyHash,
         scope: &str,
         key: &str,
         lease: LeaseToken,
-        response: impl FnOnce() -> StoredResponse,
+        response: impl FnOnce() -> KeptResponse,
     ) -> bool {
         let mut inner = self.lock();
         let seq = inner.next_seq;
@@ -227,7 +236,7 @@ impl MemoryStore {
             Some(record) if matches!(record.state, State::InProgress { lease: l, .. } if l == lease) =>
             {
                 let response = response();
-                let success = (200..300).contains(&response.status);
+                let success = (200..300).contains(&response.status());
                 record.state = State::Completed { response, seq };
                 (record.id.clone(), record.scope.clone(), success)
             }
@@ -235,13 +244,15 @@ impl MemoryStore {
         };
         inner.next_seq += 1;
         let mut stranger = false;
-        if let Some(s) = inner.scopes.get_mut(&*owner) {
+        // The record's owner is `scope` (the record was found by it): its
+        // accounting is found by the hash already at hand.
+        if let Some(s) = inner.scope_mut(hash.scope, &owner) {
             s.succeeded |= success;
             stranger = !s.succeeded;
-            s.push_completed(seq, hash, id.clone());
+            s.push_completed(seq, hash.record, id.clone());
         }
         if stranger {
-            inner.strangers.push_back((seq, hash, id));
+            inner.strangers.push_back((seq, hash.record, id));
         }
         true
     }

@@ -10,7 +10,7 @@ use crate::store::{
 };
 
 use super::map::{later, outcome_of, Record, State};
-use super::MemoryStore;
+use super::{KeptResponse, KeyHash, MemoryStore};
 
 impl MemoryStore {
     /// [`IdempotencyStore::claim`], answered at once: what the trait's
@@ -25,7 +25,7 @@ impl MemoryStore {
     pub(crate) fn claim_hashed(
         &self,
         req: ClaimRequest<'_>,
-        hash: u64,
+        hash: KeyHash,
     ) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         let now = self.clock.now();
@@ -52,11 +52,13 @@ impl MemoryStore {
             },
         };
         let Some(record) = inner.find_mut(hash, req.scope, req.key) else {
-            self.make_room(&mut inner, req.scope, now)?;
-            let (id, scope) = inner.new_id(req.scope, req.key);
+            self.make_room(&mut inner, hash, req.scope, now)?;
+            let (id, scope) = inner.new_id(hash, req.scope, req.key);
             inner
                 .records
-                .insert_unique(hash, fresh(hash, id, scope, lease), |r| r.hash);
+                .insert_unique(hash.record, fresh(hash, id, scope, lease), |r| {
+                    r.hash.record
+                });
             return Ok(ClaimOutcome::Claimed { lease, epoch });
         };
         // An expired record in progress is not free: its owner may only be
@@ -94,16 +96,17 @@ impl MemoryStore {
 
     /// [`IdempotencyStore::complete_owned`] of a key whose
     /// [`hash_of`](Self::hash_of) is `hash`, answered at once (see
-    /// [`MemoryStore::claim_now`]).
+    /// [`MemoryStore::claim_now`]), with the response `response` makes
+    /// (called only if the lease is still ours).
     pub(crate) fn complete_now(
         &self,
-        hash: u64,
+        hash: KeyHash,
         scope: &str,
         key: &str,
         lease: LeaseToken,
-        response: StoredResponse,
+        response: impl FnOnce() -> KeptResponse,
     ) -> bool {
-        self.keep_response(hash, scope, key, lease, || response)
+        self.keep_response(hash, scope, key, lease, response)
     }
 }
 
@@ -140,7 +143,8 @@ impl IdempotencyStore for MemoryStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let hash = self.hash_of(scope, key);
-        Ok(self.keep_response(hash, scope, key, lease, || response.clone()))
+        let response = || KeptResponse::Stored(response.clone());
+        Ok(self.keep_response(hash, scope, key, lease, response))
     }
 
     async fn complete_owned(
@@ -151,6 +155,7 @@ impl IdempotencyStore for MemoryStore {
         response: StoredResponse,
     ) -> Result<bool, StoreError> {
         let hash = self.hash_of(scope, key);
+        let response = || KeptResponse::Stored(response);
         Ok(self.complete_now(hash, scope, key, lease, response))
     }
 
@@ -246,6 +251,26 @@ mod tests {
         assert!(
             matches!(again, ClaimOutcome::InProgress { .. }),
             "{again:?}"
+        );
+    }
+
+    /// Both of a record's hashes, its scope's and its own, are keyed per
+    /// store (SipHash with a random key), never a fixed function: keys and
+    /// scopes a client chooses cannot be made to collide in the table
+    /// (hash flooding), since the collisions differ from store to store.
+    #[test]
+    fn both_hashes_are_keyed_per_store() {
+        let (a, b) = (MemoryStore::new(), MemoryStore::new());
+        let (one, other) = (a.hash_of("scope", "key"), b.hash_of("scope", "key"));
+        assert_eq!(one, a.hash_of("scope", "key"), "one store, one hash");
+        assert_ne!(one.scope, other.scope, "the scope's hash is not keyed");
+        assert_ne!(one.record, other.record, "the record's hash is not keyed");
+        // Keyed itself, not only through the scope's hash.
+        let record = |store: &MemoryStore| super::super::map::record_hash(&store.hasher, 7, "key");
+        assert_ne!(
+            record(&a),
+            record(&b),
+            "the record's hash is keyed only through its scope's"
         );
     }
 

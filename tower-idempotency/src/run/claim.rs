@@ -17,6 +17,7 @@ use tokio::runtime::Handle;
 use crate::answer::answer_without_running;
 use crate::config::Config;
 use crate::keeper::{Kept, LeaseKeeper};
+use crate::memory::KeptResponse;
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{marker, retry_after_value};
 use crate::store::{IdempotencyStore, StoreError, StoredResponse};
@@ -35,6 +36,25 @@ fn lost_answer<B: From<Bytes>>(config: &Config) -> Response<B> {
         "another request with this idempotency key holds its outcome; retry to get it",
         Some(retry_after_value(config.retry_after)),
     )
+}
+
+/// A response to store, made when a store takes it: as a
+/// [`StoredResponse`] for any store, or as the layer's `MemoryStore`
+/// keeps it (by default the same, made by [`stored`](Self::stored)).
+pub(super) trait Answer {
+    /// The response, as the store trait takes it.
+    fn stored(&self) -> StoredResponse;
+
+    /// The response, as a `MemoryStore` keeps it.
+    fn kept(&self) -> KeptResponse {
+        KeptResponse::Stored(self.stored())
+    }
+}
+
+impl<F: Fn() -> StoredResponse> Answer for F {
+    fn stored(&self) -> StoredResponse {
+        self()
+    }
 }
 
 /// A key this request owns.
@@ -62,24 +82,25 @@ pub(super) enum Settled {
 }
 
 impl Claim {
-    /// Stores the response `response` makes, retrying a failing store with
+    /// Stores the response `answer` makes, retrying a failing store with
     /// a growing pause for up to the layer's `completion_patience`: long
     /// enough to outlast a database failover (the lease is kept
     /// alive meanwhile). The first attempt hands it over (a memory store
-    /// keeps it without copying it); the retries, rare, store a copy made
-    /// again. `None` if the store kept failing.
-    pub(super) async fn complete(&self, response: impl Fn() -> StoredResponse) -> Option<Settled> {
+    /// makes it only if the lease is still ours, as it keeps it); the
+    /// retries, rare, store a copy made again. `None` if the store kept
+    /// failing.
+    pub(super) async fn complete(&self, answer: impl Answer) -> Option<Settled> {
         if self.kept.committed_by_handler() {
             // The handler's own transaction stored and committed it.
             return Some(Settled::Stored);
         }
-        match self.try_complete_owned(response()).await {
+        match self.try_complete_owned(&answer).await {
             Ok(done) => Some(done),
             // A permanent error: trying again cannot help.
             Err(Retryable(false)) => None,
             // Retries (with their timer) live in a box: held inline, they
             // would make every request's future larger.
-            Err(Retryable(true)) => Box::pin(self.complete_retrying(&response())).await,
+            Err(Retryable(true)) => Box::pin(self.complete_retrying(&answer.stored())).await,
         }
     }
 
@@ -113,7 +134,7 @@ impl Claim {
 
     /// The first attempt to store a handler's response, handing it over;
     /// `Err` if the store failed.
-    async fn try_complete_owned(&self, response: StoredResponse) -> Result<Settled, Retryable> {
+    async fn try_complete_owned(&self, answer: &impl Answer) -> Result<Settled, Retryable> {
         let kept = &self.kept;
         let stored = match &self.config.memory {
             // Directly, as the claim (see `run::process`).
@@ -122,12 +143,12 @@ impl Claim {
                 &kept.scope,
                 &kept.key,
                 kept.lease,
-                response,
+                || answer.kept(),
             )),
             // Through the `dyn` (see `run::process`).
             None => {
                 (*self.store)
-                    .complete_owned(&kept.scope, &kept.key, kept.lease, response)
+                    .complete_owned(&kept.scope, &kept.key, kept.lease, answer.stored())
                     .await
             }
         };

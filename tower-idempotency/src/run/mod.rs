@@ -35,11 +35,12 @@ use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
 use crate::keeper::{Kept, LeaseKeeper};
 use crate::key::fingerprint;
+use crate::memory::{KeptResponse, KeyHash};
 use crate::replay::{to_response, to_stored};
 use crate::scope::announce;
-use crate::store::IdempotencyStore;
+use crate::store::{IdempotencyStore, StoredResponse};
 
-use self::claim::{Claim, Settled};
+use self::claim::{Answer, Claim, Settled};
 
 /// Runs a keyed request whose body has been read. Polled in the response
 /// future inside [`Detach`](crate::inline::Detach): if the client goes away
@@ -88,7 +89,7 @@ where
             }
             // Through the `dyn`, not `Arc<dyn _>`: the blanket impl for
             // `Arc` would box a second future around the store's own.
-            None => ((*store).claim(request).await, 0),
+            None => ((*store).claim(request).await, KeyHash::default()),
         };
         let (lease, epoch) = match answer_without_running(claimed, &config) {
             Ok(claimed) => claimed,
@@ -196,9 +197,12 @@ where
             Ok(body) => body,
             Err(detail) => return to_response(claim.leave_marker(&detail).await, false),
         };
-        let settled = claim
-            .complete(|| to_stored(&parts, &config.stored_headers, body.clone()))
-            .await;
+        let answer = HandlerAnswer {
+            parts: &parts,
+            names: &config.stored_headers,
+            body: &body,
+        };
+        let settled = claim.complete(answer).await;
         match settled {
             Some(Settled::Stored) => Response::from_parts(parts, ResBody::from(body)),
             // Another request took the key over: what it stored, not ours,
@@ -213,6 +217,24 @@ where
                 to_response(claim.leave_marker(&detail).await, false)
             }
         }
+    }
+}
+
+/// The handler's response, to store: a `MemoryStore` keeps its headers
+/// as they are, without copying them into strings.
+struct HandlerAnswer<'a> {
+    parts: &'a http::response::Parts,
+    names: &'a [http::HeaderName],
+    body: &'a Bytes,
+}
+
+impl Answer for HandlerAnswer<'_> {
+    fn stored(&self) -> StoredResponse {
+        to_stored(self.parts, self.names, self.body.clone())
+    }
+
+    fn kept(&self) -> KeptResponse {
+        KeptResponse::of(self.parts, self.names, self.body.clone())
     }
 }
 
