@@ -125,7 +125,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts {
                 claim: Script::new(&scripts::claim()),
                 lookup: Script::new(&scripts::lookup()),
-                complete: Script::new(&scripts::complete()),
+                complete: Script::new(scripts::COMPLETE),
                 extend: Script::new(&scripts::extend()),
                 release: Script::new(scripts::RELEASE),
                 sweep: Script::new(&scripts::sweep()),
