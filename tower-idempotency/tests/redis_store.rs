@@ -287,3 +287,48 @@ async fn a_claim_taking_over_a_record_redis_holds_clears_its_expiry() {
     assert_eq!(body, None, "the last owner's response was kept");
     drop_redis_keys(&store).await;
 }
+
+/// The sweep's index holds a record while it is in progress, due at its
+/// expiry (the sweep looks at nothing earlier), and no longer once it is
+/// completed or released.
+#[tokio::test]
+async fn the_index_holds_a_record_in_progress_until_its_expiry() {
+    let store = redis_store(&unique("tr")).await;
+    let index = format!("{}:in_progress", store.prefix());
+    let record = store.record_key("s", "k");
+    let due = || async {
+        let score: Option<u64> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(&record)
+            .query_async(&mut store.connection())
+            .await
+            .unwrap();
+        score
+    };
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(claim("k")).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    let exp: Option<u64> = redis::cmd("HGET")
+        .arg(&record)
+        .arg("exp")
+        .query_async(&mut store.connection())
+        .await
+        .unwrap();
+    assert!(exp.is_some());
+    assert_eq!(due().await, exp, "due at its expiry");
+    let response = StoredResponse::new(201, vec![], &b"paid"[..]);
+    assert!(store.complete("s", "k", lease, &response).await.unwrap());
+    assert_eq!(due().await, None, "a completed record stays in the index");
+    let _: () = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut store.connection())
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(claim("k")).await.unwrap() else {
+        panic!("a new key is claimed")
+    };
+    assert!(due().await.is_some());
+    assert!(store.release("s", "k", lease).await.unwrap());
+    assert_eq!(due().await, None, "a released record stays in the index");
+    drop_redis_keys(&store).await;
+}
