@@ -240,11 +240,14 @@ pub(crate) fn router(
         pg.cloned()
             .ok_or_else(|| "PostgreSQL not connected".to_owned())
     };
+    let need_redis = || {
+        redis
+            .cloned()
+            .ok_or_else(|| "Redis not connected".to_owned())
+    };
     Ok(match mode {
         Mode::Redis => {
-            let store = redis
-                .cloned()
-                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let store = need_redis()?;
             let layer = IdempotencyLayer::builder(store)
                 .expiry(Duration::from_secs(60))
                 .build()
@@ -252,17 +255,13 @@ pub(crate) fn router(
             Router::new().route("/pay", post(pay_plain)).layer(layer)
         }
         Mode::RedisFloor => {
-            let store = redis
-                .cloned()
-                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let store = need_redis()?;
             Router::new()
                 .route("/pay", post(pay_redis_floor))
                 .with_state(store.connection())
         }
         Mode::RedisScriptFloor => {
-            let store = redis
-                .cloned()
-                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let store = need_redis()?;
             Router::new()
                 .route("/pay", post(pay_redis_script_floor))
                 .with_state((store.connection(), redis::Script::new("return 1")))
