@@ -25,10 +25,13 @@ pub(crate) enum Mode {
     Redis,
     /// Baseline: two round trips to Redis, no layer.
     RedisFloor,
+    /// Diagnostic: two round trips to Redis, each a Lua script that does
+    /// nothing, no layer: the floor of any store whose calls are scripts.
+    RedisScriptFloor,
 }
 
 impl Mode {
-    const ALL: [Mode; 10] = [
+    const ALL: [Mode; 11] = [
         Mode::None,
         Mode::NoneSpawn,
         Mode::Memory,
@@ -39,6 +42,7 @@ impl Mode {
         Mode::PgTransactional,
         Mode::Redis,
         Mode::RedisFloor,
+        Mode::RedisScriptFloor,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -53,6 +57,7 @@ impl Mode {
             Mode::PgTransactional => "pg-transactional",
             Mode::Redis => "redis",
             Mode::RedisFloor => "redis-floor",
+            Mode::RedisScriptFloor => "redis-script-floor",
         }
     }
 
@@ -60,7 +65,11 @@ impl Mode {
     pub(crate) fn baseline(self) -> Option<Mode> {
         match self {
             Mode::None | Mode::PgNone => None,
-            Mode::Memory | Mode::NoneSpawn | Mode::Redis | Mode::RedisFloor => Some(Mode::None),
+            Mode::Memory
+            | Mode::NoneSpawn
+            | Mode::Redis
+            | Mode::RedisFloor
+            | Mode::RedisScriptFloor => Some(Mode::None),
             Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTwoPhaseInTx | Mode::PgTransactional => {
                 Some(Mode::PgNone)
             }

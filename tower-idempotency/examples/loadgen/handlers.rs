@@ -56,6 +56,46 @@ async fn pay_redis_floor(
     created()
 }
 
+/// The trivial handler after two round trips to Redis of its own, each a
+/// script that does nothing, given the keys and arguments the layer's claim
+/// and completion give theirs.
+async fn pay_redis_script_floor(
+    State((mut conn, script)): State<(redis::aio::ConnectionManager, redis::Script)>,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> Answer {
+    let key = format!("loadgen:script-floor:{}", key_of(&headers));
+    let claim = script
+        .key(&key)
+        .key("loadgen:script-floor:epoch")
+        .key("loadgen:script-floor:in_progress")
+        .arg([1u8; 32].as_slice())
+        .arg("6f1c2a8e-0b7d-4c55-9a3e-1f2d3c4b5a69")
+        .arg(30_000)
+        .arg(60_000)
+        .invoke_async::<i64>(&mut conn)
+        .await;
+    let complete = match claim {
+        Ok(_) => {
+            script
+                .key(&key)
+                .key("loadgen:script-floor:in_progress")
+                .arg("6f1c2a8e-0b7d-4c55-9a3e-1f2d3c4b5a69")
+                .arg(201)
+                .arg(r#"[["content-type","application/json"]]"#)
+                .arg(RESPONSE)
+                .invoke_async::<i64>(&mut conn)
+                .await
+        }
+        Err(err) => Err(err),
+    };
+    if let Err(err) = complete {
+        eprintln!("redis script: {err}");
+        return failed();
+    }
+    created()
+}
+
 fn insert_sql() -> String {
     format!("INSERT INTO {PAYMENTS} (key, body) VALUES ($1, $2)")
 }
@@ -200,11 +240,14 @@ pub(crate) fn router(
         pg.cloned()
             .ok_or_else(|| "PostgreSQL not connected".to_owned())
     };
+    let need_redis = || {
+        redis
+            .cloned()
+            .ok_or_else(|| "Redis not connected".to_owned())
+    };
     Ok(match mode {
         Mode::Redis => {
-            let store = redis
-                .cloned()
-                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let store = need_redis()?;
             let layer = IdempotencyLayer::builder(store)
                 .expiry(Duration::from_secs(60))
                 .build()
@@ -212,12 +255,16 @@ pub(crate) fn router(
             Router::new().route("/pay", post(pay_plain)).layer(layer)
         }
         Mode::RedisFloor => {
-            let store = redis
-                .cloned()
-                .ok_or_else(|| "Redis not connected".to_owned())?;
+            let store = need_redis()?;
             Router::new()
                 .route("/pay", post(pay_redis_floor))
                 .with_state(store.connection())
+        }
+        Mode::RedisScriptFloor => {
+            let store = need_redis()?;
+            Router::new()
+                .route("/pay", post(pay_redis_script_floor))
+                .with_state((store.connection(), redis::Script::new("return 1")))
         }
         Mode::None => Router::new().route("/pay", post(pay_plain)),
         Mode::NoneSpawn => Router::new().route("/pay", post(pay_spawn)),

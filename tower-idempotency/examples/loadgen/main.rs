@@ -33,7 +33,12 @@
 //! * `redis-floor`: no layer; the trivial handler makes the two round trips
 //!   a keyed request needs at the least (a claim, then the response kept:
 //!   two `SET … PX 60000` of its own): what any Redis-backed idempotency
-//!   pays before doing anything else, compared with `none`.
+//!   pays before doing anything else, compared with `none`;
+//! * `redis-script-floor` (diagnostic): no layer; the same two round trips,
+//!   each an `EVALSHA` of a script that does nothing (`return 1`) given the
+//!   keys and arguments of the layer's claim, then of its completion: what
+//!   any store pays whose calls are Lua scripts (atomic on the server)
+//!   before its scripts do anything, compared with `none`.
 //!
 //! Rounds are interleaved (round r runs every client count × every mode,
 //! the mode order reversed on odd rounds), and every server is fresh (a new
@@ -99,7 +104,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let redis = if args.modes.contains(&Mode::Redis) || args.modes.contains(&Mode::RedisFloor) {
+    let redis = if args
+        .modes
+        .iter()
+        .any(|m| matches!(m, Mode::Redis | Mode::RedisFloor | Mode::RedisScriptFloor))
+    {
         let url =
             std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
         let store = server_rt

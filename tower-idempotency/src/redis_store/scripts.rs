@@ -1,7 +1,7 @@
 //! The Lua scripts a [`RedisStore`](super::RedisStore) runs: one per store
 //! operation, so each is atomic on the server (no read-then-write race
-//! between replicas), and each reads the server's clock (`TIME`), never a
-//! replica's. Plain text: uses nothing of the crate.
+//! between replicas), and each that needs a clock reads the server's
+//! (`TIME`), never a replica's. Plain text: uses nothing of the crate.
 //!
 //! A record is a hash at `KEYS[1]`:
 //!
@@ -17,6 +17,9 @@
 //! | `epoch` | the fencing epoch of its last claim |
 //! | `code`, `headers`, `body` | the stored response (completed) |
 //!
+//! Only a record in progress is read for `lease`, `locked`, `stale`, `ttl`
+//! and `epoch`: a completed one keeps its last owner's (completing deletes
+//! nothing), and a claim that takes a record over deletes it first.
 //! Redis deletes a completed record at its expiry by itself. A record in
 //! progress never expires in Redis: its owner may only be cut off. The
 //! store's index (a sorted set: each in-progress record by when to look at
@@ -26,12 +29,15 @@
 //! is the store's epoch high-water mark, `KEYS[3]` (and `KEYS[2]` of the
 //! others) the index.
 
-/// Shared by every script: the server's time in milliseconds and in
-/// microseconds.
+/// Shared by the scripts that read the clock: the server's time in
+/// milliseconds (`now`), its `TIME` reply kept in `t` for the claim's epoch
+/// in microseconds. Lua reads the reply's strings as numbers; the claim
+/// writes numbers back as `string.format('%d', …)`, integer formatting,
+/// where handing Redis a Lua number formats it as a float (`%.17g`), a
+/// tenth of the claim's instructions.
 const NOW: &str = "
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 ";
 
 /// The state of a live record as a claim that does not win sees it, or
@@ -57,20 +63,22 @@ end
 pub(super) fn claim() -> String {
     format!(
         "{NOW}{OUTCOME}
-local lock, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-local function claimed()
-  local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
-  local epoch = math.max(now_us, mark + 1)
-  local text = string.format('%.0f', epoch)
-  redis.call('SET', KEYS[2], text)
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', 'p', 'lease', ARGV[2], 'locked', now,
-    'stale', 0, 'exp', now + ttl, 'ttl', ttl, 'epoch', text)
-  redis.call('ZADD', KEYS[3], now + ttl, KEYS[1])
-  return {{'claimed', text}}
-end
+local lock = tonumber(ARGV[3])
 local rec = redis.call('HMGET', KEYS[1], 'st', 'fp', 'exp', 'code', 'headers', 'body',
   'locked', 'stale')
+local function claimed()
+  local mark = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local epoch = string.format('%d', math.max(t[1] * 1000000 + t[2], mark + 1))
+  redis.call('SET', KEYS[2], epoch)
+  -- A record taken over keeps nothing of its last owner's; a new key has
+  -- nothing to delete.
+  if rec[1] then redis.call('DEL', KEYS[1]) end
+  local exp = string.format('%d', now + ARGV[4])
+  redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', 'p', 'lease', ARGV[2], 'locked',
+    string.format('%d', now), 'stale', '0', 'exp', exp, 'ttl', ARGV[4], 'epoch', epoch)
+  redis.call('ZADD', KEYS[3], exp, KEYS[1])
+  return {{'claimed', epoch}}
+end
 if not rec[1] then return claimed() end
 if rec[1] == 'c' then
   return outcome(rec, ARGV[1], now) or claimed()
@@ -104,19 +112,19 @@ return outcome(rec, ARGV[1], now)
 
 /// `KEYS[1]` the record, `KEYS[2]` the index; `ARGV`: lease, status code,
 /// headers (JSON), body. 1 if stored, 0 if the lease is not current.
-pub(super) fn complete() -> String {
-    format!(
-        "{NOW}
+///
+/// No clock: Redis deletes the record at the expiry its claim or last
+/// heartbeat set (at once if that has passed: no claim or lookup tells that
+/// from a record kept past it). The last owner's fields (`lease`, `locked`, `stale`,
+/// `ttl`, `epoch`) stay: every script reads them only in progress.
+pub(super) const COMPLETE: &str = "
 local rec = redis.call('HMGET', KEYS[1], 'st', 'lease', 'exp')
 if rec[1] ~= 'p' or rec[2] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'st', 'c', 'code', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lease', 'locked', 'stale')
 redis.call('ZREM', KEYS[2], KEYS[1])
-redis.call('PEXPIREAT', KEYS[1], math.max(tonumber(rec[3]), now + 1))
+redis.call('PEXPIREAT', KEYS[1], rec[3])
 return 1
-"
-    )
-}
+";
 
 /// `KEYS[1]` the record; `ARGV[1]` the lease. 1 if extended, 0 if the
 /// lease is not current. The index keeps the record's old expiry: the
