@@ -172,3 +172,24 @@ async fn a_transaction_begun_on_a_closed_connection_fails_no_request() {
         .await
         .unwrap();
 }
+
+/// The connections a store keeps are closed, not given back (which needs
+/// a runtime), when the store outlives its runtime.
+#[test]
+fn a_store_dropped_after_its_runtime_closes_its_connections() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let name = unique("tower_idem_cl_");
+    let store = runtime.block_on(async {
+        let store = named_store(&name).await;
+        let (router, _) = app(IdempotencyLayer::new(store.clone()));
+        assert_eq!(send(&router, post("a", "1")).await.status, 201);
+        store
+            .pool()
+            .execute(format!("DROP TABLE {}", store.table()).as_str())
+            .await
+            .unwrap();
+        store
+    });
+    drop(runtime);
+    drop(store);
+}

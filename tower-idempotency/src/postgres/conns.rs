@@ -120,6 +120,21 @@ impl Stash {
     }
 }
 
+impl Drop for Stash {
+    fn drop(&mut self) {
+        // Given back, a pooled connection starts a task: outside a Tokio
+        // runtime (a store dropped after its runtime) that would panic, so
+        // there the kept connections are closed as they are.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        let idle = self.idle.get_mut().unwrap_or_else(|p| p.into_inner());
+        for kept in idle.drain(..) {
+            drop(kept.conn.detach());
+        }
+    }
+}
+
 /// A connection of the store pool, kept by the store between statements.
 /// Dropped without [`finish`](Self::finish) (the request's future dropped
 /// mid-statement), it goes back to the pool, which pings it and so reads
