@@ -66,7 +66,9 @@ use self::sql::{Queries, DEFAULT_TABLE};
 /// with its lease pool of 2, still fit in the 97 connections PostgreSQL's
 /// default `max_connections` of 100 leaves to ordinary roles (3 × 32 = 96).
 /// (sqlx's default of 10 left 32 concurrent requests queueing for
-/// connections.)
+/// connections.) The store's own pool (see [`PostgresStore::new`]) may
+/// open as many again at peak; where the server has no slot left for it,
+/// the store's statements go through this pool.
 pub const DEFAULT_POOL_SIZE: u32 = 30;
 
 /// An idempotency store backed by a PostgreSQL table (default
@@ -149,6 +151,22 @@ impl PostgresStore {
     /// connection slot left on the server, say) is tried once more on
     /// `pool`, also bounded to 1 s. Count those 2 connections in
     /// PostgreSQL's `max_connections`.
+    ///
+    /// The store's own statements (claims, completions, ...) and the
+    /// transactional mode's transactions go through a third pool, as large
+    /// as `pool` and opened on first use the same way, with `pool`'s
+    /// options and hooks but without sqlx's liveness ping at checkout; the
+    /// store keeps its connections between statements instead of giving
+    /// them back (sqlx pings each connection given back): a statement
+    /// costs one round trip, not three. `after_connect` runs on each of its
+    /// connections; `before_acquire` and `after_release` run when the store
+    /// takes one from that pool or gives one back, not around each
+    /// statement on a kept connection. A connection the server closed is
+    /// found by the statement that fails on it, which is then repeated on
+    /// another (a claim keeps its lease token, so a repeated claim that
+    /// finds its own row is claimed). When that pool cannot hand over a
+    /// connection within 1 s (no slot left on the server), `pool` serves
+    /// for 10 s. Count up to `pool`'s size again in `max_connections`.
     ///
     /// The store sweeps expired records by itself, in bounded batches from
     /// a short task started by a claim at most once per
