@@ -33,7 +33,7 @@ use crate::context::{BoxError, IdempotencyContext};
 use crate::inline::{catch_unwind, Panicked};
 use crate::keeper::Kept;
 use crate::key::fingerprint;
-use crate::postgres::{db_err, PostgresStore};
+use crate::postgres::PostgresStore;
 use crate::problem::{problem, ProblemKind};
 use crate::replay::{retry_after_value, to_stored};
 use crate::store::StoreError;
@@ -133,17 +133,14 @@ where
             lock_wait.as_millis().max(1)
         ))
     };
-    let mut tx = match pg.pool().begin_with(begin).await {
+    let mut tx = match pg.begin_with(begin).await {
         Ok(tx) => tx,
-        Err(err) => {
-            return Ok(store_error_answer(
-                db_err("beginning a transaction")(err),
-                &config,
-            ))
-        }
+        Err(err) => return Ok(store_error_answer(err, &config)),
     };
     let request = config.claim(&scope, &key, fingerprint);
-    let claimed = pg.claim_on(&mut tx, request).await;
+    let claimed = pg
+        .claim_on(&mut tx, request, crate::store::LeaseToken::new_random())
+        .await;
     let (claimed, mark) = match claimed {
         Ok((outcome, mark)) => (Ok(outcome), mark),
         Err(err) => (Err(err), false),
@@ -177,7 +174,7 @@ where
     // keep alive beside it, and a panic is caught here as well as by a task.
     let outcome =
         catch_unwind(|| inner.call(Request::from_parts(parts, ReqBody::from(body)))).await;
-    let Some(mut tx) = handle.take().await else {
+    let Some(tx) = handle.take().await else {
         // Only this function takes the transaction out.
         return Ok(problem(
             ProblemKind::Internal,
@@ -229,20 +226,32 @@ where
         }
     };
     let stored = to_stored(&parts, &config.stored_headers, body.clone());
-    if let Err(err) = pg.complete_on(&mut tx, &scope, &key, lease, &stored).await {
-        rollback(tx).await;
-        return Ok(store_error_answer(err, &config));
-    }
-    if let Err(err) = tx.commit().await {
-        // Committed or not, the outcome is consistent: a retry gets the
-        // stored response, or runs a request that left no trace.
-        tracing::error!(error = %err, key, "committing an idempotent request failed");
-        return Ok(problem(
-            ProblemKind::StoreUnavailable,
-            "the commit failed: a retry gets the stored response if it committed, or runs the \
-             request again if it did not",
-            Some(retry_after_value(config.retry_after)),
-        ));
+    match pg
+        .complete_and_commit(tx, &scope, &key, lease, &stored)
+        .await
+    {
+        Ok(true) => {}
+        // Only through the handler's own statements on the claim row,
+        // which the transaction holds: nothing was committed.
+        Ok(false) => {
+            return Ok(problem(
+                ProblemKind::Internal,
+                "the request's claim changed inside its transaction; the transaction was rolled \
+                 back, nothing was committed",
+                None,
+            ))
+        }
+        Err(err) => {
+            // Committed or not, the outcome is consistent: a retry gets the
+            // stored response, or runs a request that left no trace.
+            tracing::error!(error = %err, key, "committing an idempotent request failed");
+            return Ok(problem(
+                ProblemKind::StoreUnavailable,
+                "the commit failed: a retry gets the stored response if it committed, or runs \
+                 the request again if it did not",
+                Some(retry_after_value(config.retry_after)),
+            ));
+        }
     }
     Ok(Response::from_parts(parts, ResBody::from(body)))
 }

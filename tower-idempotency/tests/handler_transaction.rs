@@ -239,3 +239,54 @@ async fn the_transactional_mode_refuses_a_completion_by_the_handler() {
     assert_eq!(state.effects().await, 0);
     cleanup.run().await;
 }
+
+/// Inserts its effect, then (standing in for a takeover after the lock
+/// timeout) gives the key another lease, then commits its completion.
+async fn taken_over_then_commit(
+    State(state): State<AppState>,
+    Extension(ctx): Extension<IdempotencyContext>,
+    body: String,
+) -> (StatusCode, String) {
+    let tx = state.begin_with_effect(&body).await;
+    let table = state.store.table().to_owned();
+    sqlx::query(&format!(
+        "UPDATE {table} SET lock_token = gen_random_uuid() WHERE key = $1"
+    ))
+    .bind(ctx.key())
+    .execute(state.store.pool())
+    .await
+    .unwrap();
+    let stored = StoredResponse::json(201, r#"{"stored":"in-tx"}"#);
+    let said = match state.store.commit_completed(tx, &ctx, &stored).await {
+        Ok(committed) => format!("committed: {committed}"),
+        Err(err) => format!("error: {err}"),
+    };
+    state.said.lock().unwrap().push(said);
+    (StatusCode::CONFLICT, "taken over".into())
+}
+
+/// `commit_completed` on a lease taken over commits nothing: neither the
+/// effect written before it nor the response (the completion and the
+/// commit go to the server together, and the commit must not run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_on_a_lease_taken_over_commits_nothing() {
+    let h = Harness::postgres().await;
+    let cleanup = h.cleanup();
+    let state = AppState::new(&h).await;
+    let router = Router::new()
+        .route("/payments", post_route(taken_over_then_commit))
+        .with_state(state.clone())
+        .layer(h.layer());
+    send(&router, post("k", "pay")).await;
+    assert_eq!(*state.said.lock().unwrap(), ["committed: false"]);
+    let status: String = sqlx::query_scalar(&format!(
+        "SELECT status FROM {} WHERE key = 'k'",
+        state.store.table()
+    ))
+    .fetch_one(state.store.pool())
+    .await
+    .unwrap();
+    assert_eq!(status, "in_progress", "no response was stored");
+    assert_eq!(state.effects().await, 0, "the effect was rolled back");
+    cleanup.run().await;
+}

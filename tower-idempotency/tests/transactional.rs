@@ -15,13 +15,15 @@ use tower_idempotency::{IdempotencyLayer, IdempotencyTransaction, PostgresStore}
 #[derive(Clone)]
 struct App {
     effects: Arc<String>,
+    /// The store's table.
+    keys: Arc<String>,
     started: Arc<Notify>,
     proceed: Arc<Notify>,
 }
 
 /// Writes one effect row through the request's transaction, then answers as
 /// the request headers say (`x-status`, `x-panic`, `x-body-panic`, `x-size`,
-/// `x-wait`).
+/// `x-wait`; `x-steal`: gives the key another lease through the transaction).
 async fn pay(
     State(app): State<App>,
     Extension(tx): Extension<IdempotencyTransaction>,
@@ -35,6 +37,10 @@ async fn pay(
             .execute(&mut **conn)
             .await
             .unwrap();
+        if headers.contains_key("x-steal") {
+            let steal = format!("UPDATE {} SET lock_token = gen_random_uuid()", app.keys);
+            sqlx::query(&steal).execute(&mut **conn).await.unwrap();
+        }
     }
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if get("x-wait").is_some() {
@@ -76,6 +82,7 @@ impl Setup {
         .unwrap();
         let app = App {
             effects: Arc::new(effects),
+            keys: Arc::new(pg.table().to_owned()),
             started: Arc::new(Notify::new()),
             proceed: Arc::new(Notify::new()),
         };
@@ -308,5 +315,20 @@ async fn a_dead_two_phase_owner_is_taken_over_by_transactional_retries() {
     assert_eq!(taken.status, 201, "{:?}", taken.body);
     assert_eq!(s.effects().await, 1);
     state_a.proceed.notify_one();
+    s.done().await;
+}
+
+/// A completion that finds its lease gone inside the request's own
+/// transaction (only the handler's statements can do that, on the claim
+/// row the transaction holds) commits nothing: it is sent together with
+/// the commit, which must not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completion_finding_its_lease_gone_commits_nothing() {
+    let s = Setup::new().await;
+    let request = req("POST", "/payments", Some("k"), "10", &[("x-steal", "1")]);
+    let reply = send(&s.router, request).await;
+    assert_eq!(reply.status, 500);
+    assert_eq!(s.effects().await, 0);
+    assert_eq!(s.count(s.pg.table()).await, 0);
     s.done().await;
 }

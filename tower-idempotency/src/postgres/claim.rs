@@ -103,21 +103,26 @@ impl PostgresStore {
     /// ```
     pub async fn commit_completed(
         &self,
-        mut tx: Transaction<'static, Postgres>,
+        tx: Transaction<'static, Postgres>,
         ctx: &IdempotencyContext,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        if !self.complete_in_tx(&mut tx, ctx, response).await? {
-            tx.rollback()
-                .await
-                .map_err(db_err("rolling back a request whose lease was taken over"))?;
-            return Ok(false);
+        ctx.completable_by_handler()?;
+        let (scope, key, lease) = (ctx.scope(), ctx.key(), ctx.lease());
+        let done = self
+            .complete_and_commit(tx, scope, key, lease, response)
+            .await;
+        // Committed, or failed maybe at the commit: as after a commit of
+        // the handler's own that failed, the layer stores the response
+        // itself if the key is still in progress.
+        if !matches!(done, Ok(false)) {
+            ctx.note_completed();
         }
-        tx.commit()
-            .await
-            .map_err(db_err("committing an idempotent response"))?;
-        ctx.note_committed();
-        Ok(true)
+        if done? {
+            ctx.note_committed();
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Claims on `conn` (a pooled connection, or the transaction of the
@@ -129,15 +134,19 @@ impl PostgresStore {
     /// caller must, with [`PostgresStore::mark_stale`], on a connection
     /// whose work commits (never inside a transaction about to be rolled
     /// back, where the mark would vanish with it).
+    ///
+    /// `lease` is the token the claim writes; a row in progress under that
+    /// very token counts as claimed (a claim repeated after one whose
+    /// answer was lost with its connection).
     pub(crate) async fn claim_on(
         &self,
         conn: &mut PgConnection,
         req: ClaimRequest<'_>,
+        lease: LeaseToken,
     ) -> Result<(ClaimOutcome, bool), StoreError> {
         check_ids(req.scope, req.key)?;
         self.maybe_sweep();
         for _ in 0..8 {
-            let lease = LeaseToken::new_random();
             let claimed = sqlx::query(&self.queries.claim)
                 .bind(req.scope)
                 .bind(req.key)
@@ -183,21 +192,30 @@ impl PostgresStore {
 
     /// Marks the lease of `req`'s key as seen stale if it is stale and not
     /// marked since its last extension: its owner gets a lock timeout to
-    /// come back before a takeover. On `conn`, or on the pool.
+    /// come back before a takeover. On `conn`, or on a kept connection.
     pub(crate) async fn mark_stale(
         &self,
         conn: Option<&mut PgConnection>,
         req: ClaimRequest<'_>,
     ) -> Result<(), StoreError> {
-        let mark = sqlx::query(&self.queries.mark_stale)
+        match conn {
+            Some(conn) => self.mark_stale_on(conn, req).await,
+            None => on_kept!(self, conn => self.mark_stale_on(&mut conn, req)),
+        }
+    }
+
+    async fn mark_stale_on(
+        &self,
+        conn: &mut PgConnection,
+        req: ClaimRequest<'_>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.queries.mark_stale)
             .bind(req.scope)
             .bind(req.key)
-            .bind(interval_secs(req.lock_timeout));
-        match conn {
-            Some(conn) => mark.execute(conn).await,
-            None => mark.execute(&self.pool).await,
-        }
-        .map_err(db_err("marking a stale idempotency lease"))?;
+            .bind(interval_secs(req.lock_timeout))
+            .execute(conn)
+            .await
+            .map_err(db_err("marking a stale idempotency lease"))?;
         Ok(())
     }
 

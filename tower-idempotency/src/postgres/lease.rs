@@ -1,7 +1,6 @@
 //! Keeping leases alive: the small pool of its own that extends them,
 //! each extension bounded in time (see [`PostgresStore::new`]).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgPool;
@@ -9,7 +8,7 @@ use sqlx::postgres::PgPool;
 use crate::store::{LeaseToken, StoreError};
 
 use super::error::db_err;
-use super::{LeasePool, PostgresStore};
+use super::{DerivedPool, PostgresStore};
 
 /// Connections of the pool that extends leases (see
 /// [`PostgresStore::new`]).
@@ -26,24 +25,17 @@ impl PostgresStore {
     /// The pool for lease extensions (see [`PostgresStore::new`]), with the
     /// main pool's current connect options.
     pub(super) fn lease_pool(&self) -> &PgPool {
-        let current = self.pool.connect_options();
-        let lease = self.shared.lease_pool.get_or_init(|| LeasePool {
-            pool: self
-                .pool
-                .options()
-                .clone()
-                .max_connections(LEASE_POOL_SIZE)
-                .min_connections(0)
-                .acquire_timeout(LEASE_CALL_TIMEOUT)
-                .connect_lazy_with((*current).clone()),
-            options: std::sync::Mutex::new(current.clone()),
-        });
-        let mut options = lease.options.lock().unwrap_or_else(|p| p.into_inner());
-        if !Arc::ptr_eq(&options, &current) {
-            lease.pool.set_connect_options((*current).clone());
-            *options = current;
-        }
-        &lease.pool
+        self.shared
+            .lease_pool
+            .get_or_init(|| {
+                DerivedPool::new(&self.pool, |options| {
+                    options
+                        .max_connections(LEASE_POOL_SIZE)
+                        .min_connections(0)
+                        .acquire_timeout(LEASE_CALL_TIMEOUT)
+                })
+            })
+            .get(&self.pool)
     }
 
     /// One extension on `pool`, bounded to [`LEASE_CALL_TIMEOUT`].

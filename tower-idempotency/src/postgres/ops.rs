@@ -1,5 +1,6 @@
 //! The [`IdempotencyStore`] calls of a [`PostgresStore`], each on a
-//! connection of the pool (lease extensions on the lease pool first).
+//! connection the store keeps (lease extensions on the lease pool first,
+//! sweeps on the main pool).
 
 use async_trait::async_trait;
 
@@ -15,16 +16,17 @@ use super::PostgresStore;
 #[async_trait]
 impl IdempotencyStore for PostgresStore {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(db_err("acquiring a connection"))?;
-        let (outcome, mark) = self.claim_on(&mut conn, req).await?;
-        if mark {
-            self.mark_stale(Some(&mut conn), req).await?;
-        }
-        Ok(outcome)
+        // One token for every try: a claim repeated after one that
+        // committed on a connection that broke finds its own token and is
+        // claimed.
+        let lease = LeaseToken::new_random();
+        on_kept!(self, conn => async {
+            let (outcome, mark) = self.claim_on(&mut conn, req, lease).await?;
+            if mark {
+                self.mark_stale(Some(&mut conn), req).await?;
+            }
+            Ok(outcome)
+        })
     }
 
     async fn lookup(
@@ -33,12 +35,7 @@ impl IdempotencyStore for PostgresStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(db_err("acquiring a connection"))?;
-        self.read_on(&mut conn, scope, key, fingerprint).await
+        on_kept!(self, conn => self.read_on(&mut conn, scope, key, fingerprint))
     }
 
     async fn complete(
@@ -48,13 +45,7 @@ impl IdempotencyStore for PostgresStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(db_err("acquiring a connection"))?;
-        self.complete_on(&mut conn, scope, key, lease, response)
-            .await
+        on_kept!(self, conn => self.complete_on(&mut conn, scope, key, lease, response))
     }
 
     async fn extend_lease(
@@ -78,13 +69,16 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
-        let result = sqlx::query(&self.queries.release)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .execute(&self.pool)
-            .await
-            .map_err(db_err("releasing idempotency key"))?;
+        let lease = lease.0.to_string();
+        let result = on_kept!(self, conn => async {
+            sqlx::query(&self.queries.release)
+                .bind(scope)
+                .bind(key)
+                .bind(&lease)
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err("releasing idempotency key"))
+        })?;
         Ok(result.rows_affected() == 1)
     }
 

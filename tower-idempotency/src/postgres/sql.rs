@@ -39,6 +39,8 @@ impl Queries {
         Self {
             table: t.to_owned(),
             // $4: ttl in seconds, $5: lease, $6: lock timeout in seconds.
+            // A row in progress under the lease $5 is this claim's own,
+            // repeated after its answer was lost: claimed again.
             claim: format!(
                 "INSERT INTO {t} AS t (scope, key, request_fingerprint, status, created_at, \
                  locked_at, lock_token, expires_at, ttl, epoch) \
@@ -53,6 +55,7 @@ impl Queries {
                  ttl = EXCLUDED.ttl, stale_seen_at = NULL, \
                  epoch = GREATEST(EXCLUDED.epoch, t.epoch + 1) \
                  WHERE (t.expires_at <= now() AND t.status <> 'in_progress') \
+                 OR (t.status = 'in_progress' AND t.lock_token = $5::uuid) \
                  OR (t.status = 'in_progress' \
                      AND t.locked_at <= now() - make_interval(secs => $6::float8) \
                      AND t.stale_seen_at > t.locked_at \
@@ -107,4 +110,48 @@ impl Queries {
             ),
         }
     }
+}
+
+/// The completion of `(scope, key)` under the lease `lease`, then `COMMIT`,
+/// then `BEGIN`, as one simple query (one round trip), every value written
+/// into it: an `UPDATE` by primary key is cheap to plan. When the lease is
+/// not current the `UPDATE` changes no row and the `SELECT` around it
+/// divides by zero (22012): the transaction is aborted and the `COMMIT`
+/// never runs. The `BEGIN` after it leaves the connection in an empty
+/// transaction, as the caller's `Transaction` still believes it is: its
+/// `ROLLBACK` then ends that one, not a transaction that is no more.
+/// `None` when a value holds a NUL character, which a simple query cannot
+/// carry.
+pub(super) fn complete_and_commit(
+    table: &str,
+    scope: &str,
+    key: &str,
+    lease: &str,
+    status: i16,
+    headers: &str,
+    body: &[u8],
+) -> Option<String> {
+    use std::fmt::Write as _;
+    if [scope, key, headers].iter().any(|text| text.contains('\0')) {
+        return None;
+    }
+    let mut hex = String::with_capacity(body.len() * 2);
+    for byte in body {
+        // Writing to a `String` cannot fail.
+        let _ = write!(hex, "{byte:02x}");
+    }
+    let (scope, key, headers) = (escaped(scope), escaped(key), escaped(headers));
+    Some(format!(
+        "WITH done AS (UPDATE {table} SET status = 'completed', response_code = {status}, \
+         headers = E'{headers}'::jsonb, body = decode('{hex}', 'hex'), locked_at = NULL, \
+         lock_token = NULL WHERE scope = E'{scope}' AND key = E'{key}' \
+         AND status = 'in_progress' AND lock_token = '{lease}'::uuid RETURNING 1) \
+         SELECT 1 / count(*)::int FROM done; COMMIT; BEGIN"
+    ))
+}
+
+/// `text` for the inside of an `E'...'` literal, whose meaning does not
+/// depend on `standard_conforming_strings`.
+fn escaped(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('\'', "''")
 }
