@@ -71,6 +71,10 @@ struct Setup {
 
 impl Setup {
     async fn new() -> Self {
+        Self::with_max_body(1000).await
+    }
+
+    async fn with_max_body(max_response_body_bytes: usize) -> Self {
         let h = Harness::postgres().await;
         let pg = h.pg.clone().unwrap();
         let effects = support::unique("tower_idem_effects_");
@@ -87,7 +91,7 @@ impl Setup {
             proceed: Arc::new(Notify::new()),
         };
         let layer = IdempotencyLayer::transactional(pg.clone())
-            .max_response_body_bytes(1000)
+            .max_response_body_bytes(max_response_body_bytes)
             .build()
             .unwrap();
         let router = Router::new()
@@ -133,6 +137,27 @@ async fn claim_effect_and_response_commit_together() {
     assert_eq!(s.count(s.pg.table()).await, 1);
     assert_eq!(s.effects().await, 1);
     let replay = send(&s.router, post("k", "10")).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(s.effects().await, 1);
+    s.done().await;
+}
+
+/// A response too large to be written into the query that stores it
+/// together with the `COMMIT` (over 16 KiB) is stored with bind parameters,
+/// then committed: the same one commit, the same replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_response_commits_with_its_effect_and_replays() {
+    let s = Setup::with_max_body(64 * 1024).await;
+    let size = 20_000.to_string();
+    let first = send(
+        &s.router,
+        req("POST", "/payments", Some("big"), "7", &[("x-size", &size)]),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.body.len(), "paid 7".len() + 20_000);
+    let replay = send(&s.router, post("big", "7")).await;
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
     assert_eq!(s.effects().await, 1);

@@ -112,6 +112,12 @@ impl Queries {
     }
 }
 
+/// The largest body written into a completion sent with its `COMMIT`: as
+/// hexadecimal digits it doubles in the query and is parsed as text, where
+/// a bound parameter travels as it is; a larger body is stored with bind
+/// parameters, then committed (two round trips, no copy of its size).
+pub(super) const INLINE_BODY_LIMIT: usize = 16 * 1024;
+
 /// The completion of `(scope, key)` under the lease `lease`, then `COMMIT`,
 /// then `BEGIN`, as one simple query (one round trip), every value written
 /// into it: an `UPDATE` by primary key is cheap to plan. When the lease is
@@ -121,7 +127,7 @@ impl Queries {
 /// transaction, as the caller's `Transaction` still believes it is: its
 /// `ROLLBACK` then ends that one, not a transaction that is no more.
 /// `None` when a value holds a NUL character, which a simple query cannot
-/// carry.
+/// carry, or when the body is over [`INLINE_BODY_LIMIT`].
 pub(super) fn complete_and_commit(
     table: &str,
     scope: &str,
@@ -131,14 +137,14 @@ pub(super) fn complete_and_commit(
     headers: &str,
     body: &[u8],
 ) -> Option<String> {
-    use std::fmt::Write as _;
-    if [scope, key, headers].iter().any(|text| text.contains('\0')) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    if body.len() > INLINE_BODY_LIMIT || [scope, key, headers].iter().any(|t| t.contains('\0')) {
         return None;
     }
     let mut hex = String::with_capacity(body.len() * 2);
     for byte in body {
-        // Writing to a `String` cannot fail.
-        let _ = write!(hex, "{byte:02x}");
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0xf)]));
     }
     let (scope, key, headers) = (escaped(scope), escaped(key), escaped(headers));
     Some(format!(
@@ -154,4 +160,38 @@ pub(super) fn complete_and_commit(
 /// depend on `standard_conforming_strings`.
 fn escaped(text: &str) -> String {
     text.replace('\\', "\\\\").replace('\'', "''")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sql(body: &[u8], headers: &str) -> Option<String> {
+        complete_and_commit(
+            "t",
+            "s",
+            "k",
+            "00000000-0000-0000-0000-000000000000",
+            201,
+            headers,
+            body,
+        )
+    }
+
+    #[test]
+    fn a_body_over_the_inline_limit_is_bound_not_written_into_the_query() {
+        assert!(sql(&[7; INLINE_BODY_LIMIT], "[]").is_some());
+        assert!(sql(&[7; INLINE_BODY_LIMIT + 1], "[]").is_none());
+    }
+
+    #[test]
+    fn values_are_written_escaped_and_the_body_as_hex() {
+        let query = sql(b"\x01\xab", r#"[["x-a","it's \\ ok"]]"#).expect("inline");
+        assert!(query.contains("decode('01ab', 'hex')"), "{query}");
+        assert!(query.contains(r#"E'[["x-a","it''s \\\\ ok"]]'"#), "{query}");
+        assert!(
+            sql(b"", "[\"\0\"]").is_none(),
+            "a NUL goes by bind parameters"
+        );
+    }
 }
