@@ -137,6 +137,15 @@ async fn named_store(name: &str) -> PostgresStore {
     store
 }
 
+/// Drops the table of a store made by [`named_store`].
+async fn drop_table(store: &PostgresStore) {
+    store
+        .pool()
+        .execute(format!("DROP TABLE {}", store.table()).as_str())
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_connection_the_server_closed_fails_no_request() {
     let name = unique("tower_idem_cl_");
@@ -150,11 +159,7 @@ async fn a_kept_connection_the_server_closed_fails_no_request() {
     assert_eq!(send(&router, post("b", "1")).await.status, 201);
     assert!(terminate(&name).await > 0);
     assert!(send(&router, post("a", "1")).await.replayed());
-    store
-        .pool()
-        .execute(format!("DROP TABLE {}", store.table()).as_str())
-        .await
-        .unwrap();
+    drop_table(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,11 +171,7 @@ async fn a_transaction_begun_on_a_closed_connection_fails_no_request() {
     assert!(terminate(&name).await > 0);
     assert_eq!(send(&router, post("b", "1")).await.status, 201);
     assert!(send(&router, post("a", "1")).await.replayed());
-    store
-        .pool()
-        .execute(format!("DROP TABLE {}", store.table()).as_str())
-        .await
-        .unwrap();
+    drop_table(&store).await;
 }
 
 /// The connections a store keeps are closed, not given back (which needs
@@ -183,11 +184,7 @@ fn a_store_dropped_after_its_runtime_closes_its_connections() {
         let store = named_store(&name).await;
         let (router, _) = app(IdempotencyLayer::new(store.clone()));
         assert_eq!(send(&router, post("a", "1")).await.status, 201);
-        store
-            .pool()
-            .execute(format!("DROP TABLE {}", store.table()).as_str())
-            .await
-            .unwrap();
+        drop_table(&store).await;
         store
     });
     drop(runtime);

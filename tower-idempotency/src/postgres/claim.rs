@@ -273,8 +273,7 @@ impl PostgresStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let status = i16::try_from(response.status)
-            .map_err(|_| StoreError::msg("status code out of range"))?;
+        let status = status_column(response)?;
         let result = sqlx::query(&self.queries.complete)
             .bind(scope)
             .bind(key)
@@ -287,4 +286,9 @@ impl PostgresStore {
             .map_err(db_err("completing idempotency key"))?;
         Ok(result.rows_affected() == 1)
     }
+}
+
+/// A stored response's status as its column holds it.
+pub(super) fn status_column(response: &StoredResponse) -> Result<i16, StoreError> {
+    i16::try_from(response.status).map_err(|_| StoreError::msg("status code out of range"))
 }

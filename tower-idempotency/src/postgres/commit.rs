@@ -6,6 +6,7 @@ use sqlx::{Executor, Postgres, Transaction};
 
 use crate::store::{headers_to_json, LeaseToken, StoreError, StoredResponse};
 
+use super::claim::status_column;
 use super::error::db_err;
 use super::sql::complete_and_commit;
 use super::PostgresStore;
@@ -24,8 +25,7 @@ impl PostgresStore {
         lease: LeaseToken,
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
-        let status = i16::try_from(response.status)
-            .map_err(|_| StoreError::msg("status code out of range"))?;
+        let status = status_column(response)?;
         let headers = headers_to_json(&response.headers)?;
         let lease_text = lease.0.to_string();
         let Some(sql) = complete_and_commit(
