@@ -123,6 +123,12 @@ impl Middleware for RetryMiddleware {
         // Admission is per host unless the request names its partition;
         // pacing is per route.
         let (host, route) = of_url(request.url());
+        // A limit belongs to whoever met it: the caller's credential
+        // scopes the route (a keyed digest, never the token).
+        let route = match request.headers().get(http::header::AUTHORIZATION) {
+            Some(credential) => route.for_caller(credential.as_bytes()),
+            None => route,
+        };
         let partition = options.and_then(|o| o.partition).unwrap_or(host);
         // The window guards retries and inherited deadlines. A caller's
         // own per-request deadline is a budget to use: shorter than the

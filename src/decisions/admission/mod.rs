@@ -74,11 +74,14 @@
 //! before its Retry-After or its reset ([`Admission::Paced`],
 //! [`GrantSource::Paced`]); its first attempts wait, through
 //! [`RetryAdmission::admit_first`], only while a spent quota's reset has
-//! not come ([`FirstAttemptPacing`]). Other routes wait only when several
-//! were throttled within a second, none succeeding (a limit per account):
-//! the host is paced as one until calm. A 503 with Retry-After paces
-//! nothing. A wait spends no attempt ([`crate::RetryReport::rate_limit_wait`]).
-//! Why and how: the `pacing` and `adaptive/admit` modules' docs.
+//! not come ([`FirstAttemptPacing`]). Several routes of one caller
+//! throttled within a second under one policy, none succeeding (a limit
+//! per account), are paced as one until calm, with each route that
+//! throttles for that caller after them; a route that never met the limit
+//! is never held by it ([`Route::for_caller`]: a limit is its caller's).
+//! A 503 with Retry-After paces nothing. A wait spends no attempt
+//! ([`crate::RetryReport::rate_limit_wait`]). Why and how: the `pacing`
+//! and `adaptive/scope` modules' docs.
 //!
 //! # Writing your own
 //!
