@@ -157,3 +157,25 @@ fn no_members_reset_is_copied_to_another() {
     assert!(held(&first(&a, p, spent, soon)), "its own quota is spent");
     assert!(!held(&first(&a, p, plain, soon)), "told only 429");
 }
+
+/// Another caller's throttled route does not join a wider limit: it is
+/// paced on its own, by its own hold.
+#[test]
+fn another_callers_route_does_not_join() {
+    let a = admission();
+    let p = Partition::named("two-tenants");
+    let t0 = Instant::now();
+    let x = |path: &str| Route::of_path(path).for_caller(b"Bearer x");
+    a.record(p, too_many(x("/a"), None), t0);
+    a.record(p, too_many(x("/b"), None), t0);
+    assert!(a.paced_as_one(p));
+    // Tenant y's 429 half a second later holds its route until 1.5 s.
+    let yc = Route::of_path("/c").for_caller(b"Bearer y");
+    a.record(p, too_many(yc, None), t0 + Duration::from_millis(500));
+    let retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO).on_route(yc);
+    let asked = a.admit(p, retry, t0 + Duration::from_millis(1_200));
+    assert!(held(&asked), "y's own hold, not x's limit: {asked:?}");
+    let x_retry = RetryRequest::new(RetryKind::Throttled, Duration::ZERO).on_route(x("/b"));
+    let x_asked = a.admit(p, x_retry, t0 + Duration::from_millis(1_200));
+    assert!(matches!(x_asked, Admission::Admit(_)), "{x_asked:?}");
+}
