@@ -107,13 +107,14 @@
 //!
 //! # Cargo features
 //!
-//! - `default-tls` (default): reqwest's own default TLS, so the re-exported
-//!   [`reqwest`] calls https as a plain `reqwest = "0.13"`
-//!   does. Without it (and without TLS from your own reqwest dependency)
-//!   an https URL fails with `invalid URL, scheme is not http`.
+//! None is on by default: the TLS stack is your application's choice,
+//! made by its own reqwest dependency (a plain `reqwest = "0.13"` brings
+//! reqwest's default TLS; the one reqwest in the tree serves both).
+//!
+//! - `default-tls`: reqwest's own default TLS for the re-exported
+//!   [`reqwest`], for an application whose reqwest has none. Without
+//!   any TLS an https URL fails with `invalid URL, scheme is not http`.
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
-//! - `vdso-keys` (default): generated keys drawn through the vDSO on Linux
-//!   ≥ 6.11, no system call per key.
 //! - `metrics`: every counter of [`Metrics`], the attempts-per-call
 //!   histogram and OpenTelemetry's `http.client.request.duration` are also
 //!   published through the [`metrics`](https://docs.rs/metrics) facade,

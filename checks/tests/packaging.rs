@@ -225,3 +225,30 @@ fn only_the_files_a_user_builds_count_as_shipped() {
         assert!(!shipped(dropped), "{dropped}");
     }
 }
+
+/// Issue 55: the library's default features decide nothing for the
+/// application. Built as a dependency with its defaults, it brings no TLS
+/// stack (a middleware leaves TLS to the app's own reqwest, as
+/// reqwest-retry does) and no crate of `unsafe` code drawn from outside
+/// the ecosystem's well-kept ones (`vdso-rng`, `syscalls`, `lamlock`
+/// came with the old `vdso-keys` default).
+#[test]
+fn the_default_features_choose_no_tls_and_no_unvetted_unsafe() {
+    for package in ["reqwest-safe-retry", "tower-idempotency", "idempotency-key"] {
+        let tree = cargo(&[
+            "tree", "--locked", "-e", "normal", "-p", package, "--prefix", "none",
+        ]);
+        for unwanted in [
+            "rustls",
+            "aws-lc",
+            "native-tls",
+            "openssl",
+            "vdso-rng",
+            "syscalls",
+            "lamlock",
+        ] {
+            let found: Vec<&str> = tree.lines().filter(|l| l.starts_with(unwanted)).collect();
+            assert!(found.is_empty(), "{package}'s defaults bring {found:?}");
+        }
+    }
+}
