@@ -202,6 +202,12 @@ fn the_opentelemetry_route_names_the_versions_the_test_reads_back() {
 }
 
 #[test]
+fn the_testing_cases_are_the_tests_that_run() {
+    let rust = blocks(section("The cases people test next"), "rust");
+    assert_eq!(rust, [include_str!("wiremock_cases.rs")]);
+}
+
+#[test]
 fn the_testing_example_is_the_test_that_runs() {
     let rust = blocks(section("Testing code that retries"), "rust");
     assert_eq!(rust.len(), 1);
