@@ -19,6 +19,10 @@ use tokio::time::Instant;
 
 const MS: Duration = Duration::from_millis(1);
 
+/// The scripted "status" of a request that fails below the retry layer
+/// with an error (a middleware's), before any answer of the host.
+const LOCAL_ERROR: u16 = 0;
+
 /// What the server saw of one request.
 #[derive(Debug, Clone)]
 struct Arrival {
@@ -109,6 +113,10 @@ impl Middleware for Server {
         };
         tokio::time::sleep(latency).await;
         self.seen.lock().unwrap()[guard.index].answered = Some(true);
+        if status == LOCAL_ERROR {
+            let error = std::io::Error::other("failed below the retry layer");
+            return Err(reqwest_middleware::Error::middleware(error));
+        }
         let mut response = http::Response::builder().status(status);
         if status == 429 {
             response = response.header("retry-after", "2");
@@ -240,6 +248,37 @@ async fn a_transient_failure_of_one_copy_waits_for_the_other() {
     let rep = report(&r);
     assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
     assert_eq!(server.count(), 104, "no retry was needed");
+}
+
+/// A hedge that fails on its own side (an error, not an answer of the host)
+/// drops out: it is never the call's verdict, and never a win.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_that_fails_locally_is_never_the_verdict_nor_a_win() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    // The hedge fails at once; the first copy answers at 30 ms.
+    server.then(&[(30 * MS, 200), (MS, LOCAL_ERROR)]);
+    let start = Instant::now();
+    let r = client.get("http://svc.test/a").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(start.elapsed(), 30 * MS, "the first copy was awaited");
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    // The first copy fails transiently at 10 ms, the hedge then fails at
+    // ~2.2 + 20 ms: the first copy's answer is the call's.
+    server.then(&[(10 * MS, 503), (20 * MS, LOCAL_ERROR)]);
+    let r = client.get("http://svc.test/b").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.hedges, m.hedge_wins), (2, 0));
 }
 
 #[tokio::test(start_paused = true)]

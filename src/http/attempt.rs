@@ -135,7 +135,9 @@ impl Attempt for HttpAttempts<'_> {
                         || {
                             let mut copy = replay::copy(&mut request, source, replay)?;
                             replay::fill(&mut copy, source);
-                            Some(copy)
+                            // A source makes the copy's body afresh: no
+                            // buffer can fail it.
+                            Some((copy, replay.filter(|_| source.is_none()).cloned()))
                         },
                         self.extensions,
                         &self.next,
