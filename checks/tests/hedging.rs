@@ -10,10 +10,10 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
-    HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware,
-    RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, Route,
-    TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, BodySource, Grant,
+    GrantSource, HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind,
+    RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest,
+    Route, TokenBucketConfig,
 };
 use tokio::time::Instant;
 
@@ -279,6 +279,43 @@ async fn a_hedge_that_fails_locally_is_never_the_verdict_nor_a_win() {
     assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
     let m = policy.metrics().snapshot();
     assert_eq!((m.hedges, m.hedge_wins), (2, 0));
+}
+
+/// A body made by a [`BodySource`] is made for a hedge only when the hedge
+/// is sent: a file is not opened for a copy that never goes.
+#[tokio::test(start_paused = true)]
+async fn a_body_source_makes_a_hedges_body_only_when_the_hedge_is_sent() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let server = Server::new(2 * MS);
+    let cfg = HedgeConfig {
+        idempotent_methods: true,
+        ..HedgeConfig::default()
+    };
+    let client = client(builder().hedge(cfg).build().unwrap(), &server);
+    warm(&client, 100).await;
+    let made = Arc::new(AtomicUsize::new(0));
+    let count = made.clone();
+    let source = BodySource::new(move || {
+        count.fetch_add(1, SeqCst);
+        let chunk = Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"doc"));
+        reqwest::Body::wrap_stream(futures_util::stream::iter([chunk]))
+    });
+    // Answered before the hedge delay: no hedge, one body made.
+    server.then(&[(MS, 200)]);
+    let put = || {
+        client
+            .put("http://svc.test/doc")
+            .with_extension(source.clone())
+    };
+    let r = put().send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(made.load(SeqCst), 1);
+    // Slow: the hedge is sent, with a body of its own.
+    server.then(&[(300 * MS, 200)]);
+    let r = put().send().await.unwrap();
+    let rep = report(&r);
+    assert_eq!((rep.hedges(), rep.hedge_wins()), (1, 1));
+    assert_eq!(made.load(SeqCst), 3);
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,7 +16,7 @@ use crate::decisions::{
     Admission, AttemptRecord, AttemptResult, Grant, HedgeConfig, RetryKind, RetryRequest,
 };
 use crate::engine::{AttemptContext, RetryPolicy, Signal, Verdict};
-use crate::vocabulary::replay::{self, Handle};
+use crate::vocabulary::replay::{self, BodySource, Handle};
 use crate::vocabulary::{BoxFuture, Partition, Route};
 
 use super::deadline_header::stamp_headers;
@@ -224,6 +224,7 @@ impl Hedge<'_, '_> {
         if left.is_some() {
             *request.timeout_mut() = left;
         }
+        replay::fill(&mut request, extensions.get::<BodySource>());
         stamp_headers(policy, &mut request, &ctx, left);
         policy.metrics.hedged(self.hedging.host);
         self.hedging.sent.fetch_add(1, Ordering::Relaxed);
