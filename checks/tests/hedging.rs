@@ -318,6 +318,65 @@ async fn a_body_source_makes_a_hedges_body_only_when_the_hedge_is_sent() {
     assert_eq!(made.load(SeqCst), 3);
 }
 
+/// 600 GETs, one every 10 ms, each first copy failing (503 after 10 ms)
+/// and, when `hedged`, each hedge answering 200 at once, under a circuit
+/// breaker: how many the breaker refused.
+async fn refused_by_the_breaker(hedged: bool) -> usize {
+    let server = Server::new(2 * MS);
+    // Every first copy is slow: capped, the hedge delay stays below it.
+    let cfg = HedgeConfig {
+        max_extra_load: 1.0,
+        max_delay: 5 * MS,
+        ..HedgeConfig::default()
+    };
+    let policy = builder()
+        .hedge(cfg)
+        .no_budget()
+        .max_attempts(1)
+        .circuit_breaker(reqwest_safe_retry::CircuitBreakerConfig::default())
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    let options = if hedged {
+        RequestOptions::new()
+    } else {
+        RequestOptions::new().no_hedge()
+    };
+    let mut refused = 0;
+    for i in 0..600 {
+        server.script.lock().unwrap().clear();
+        server.then(&[(10 * MS, 503), (MS, 200)]);
+        let slot = reqwest_safe_retry::ReportSlot::new();
+        let answer = client
+            .get("http://svc.test/flaky")
+            .with_extension(options.clone())
+            .with_extension(slot.clone())
+            .send()
+            .await;
+        let report = slot.take().unwrap();
+        match report.stop_reason() {
+            reqwest_safe_retry::StopReason::CircuitOpen => refused += 1,
+            _ if hedged => {
+                assert_eq!(answer.unwrap().status(), 200, "call {i}: {report:?}");
+                assert_eq!((report.hedges(), report.hedge_wins()), (1, 1));
+            }
+            _ => {}
+        }
+        tokio::time::sleep(10 * MS).await;
+    }
+    refused
+}
+
+/// The breaker counts the answer the hedge race returned: a host whose
+/// first copies fail but whose hedges succeed is accepting, and is never
+/// refused; the same host, unhedged, is.
+#[tokio::test(start_paused = true)]
+async fn the_breaker_counts_the_answer_the_hedge_race_returned() {
+    assert_eq!(refused_by_the_breaker(true).await, 0);
+    assert!(refused_by_the_breaker(false).await > 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn both_copies_failing_is_one_failed_attempt_then_a_retry() {
     let server = Server::new(2 * MS);
