@@ -34,7 +34,7 @@ pub(super) struct Hedging {
     /// The request's route within it: a paced route gets no hedge.
     pub(super) route: Route,
     pub(super) sent: AtomicU32,
-    /// Of those, the ones whose answer was used.
+    /// Of those, the ones whose answer, a response of the host, was used.
     pub(super) won: AtomicU32,
 }
 
@@ -162,10 +162,12 @@ impl Hedge<'_, '_> {
     /// passed without an answer (and the budget and the admission allow
     /// it), and returns the first answer that is not a transient failure
     /// (when both fail so, the one whose Retry-After asks for the longer
-    /// wait, else the later one). The other copy is dropped: its
-    /// request is abandoned and its connection closed, not reused. The
-    /// attempt judges the answer returned as any other (the classifiers are
-    /// asked about it once more).
+    /// wait, else the later one). A copy whose body could not follow the
+    /// other's, and a hedge that ended in an error, drop out: their
+    /// failure is the answer only when no other is left. The other copy is
+    /// dropped: its request is abandoned and its connection closed, not
+    /// reused. The attempt judges the answer returned as any other (the
+    /// classifiers are asked about it once more).
     async fn race(
         mut self,
         mut first: BoxFuture<'_, Answer>,
