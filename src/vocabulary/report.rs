@@ -214,8 +214,10 @@ impl RetryReport {
     }
 
     /// Of the hedges, those whose answer was the one used: it answered
-    /// first, or the first copy failed transiently while it was in flight
-    /// (when both copies fail transiently, neither won).
+    /// first, or the first copy failed transiently (or could not go on)
+    /// while it was in flight (when both copies fail transiently, neither
+    /// won). A hedge that ended in an error (its body no longer kept, its
+    /// connection refused) never won.
     pub fn hedge_wins(&self) -> u32 {
         u32::from(self.hedge_wins)
     }
