@@ -8,9 +8,7 @@ mod support;
 
 use std::time::Duration;
 
-use pg_fleet::{app_pool, opens_transactions, role, store_on, Payments, PgBouncer};
-use support::{app, post, send};
-use tower_idempotency::IdempotencyLayer;
+use pg_fleet::{app_pool, keyed_then_opens, role, store_on, Payments, PgBouncer};
 
 /// The application's pool, and the pooler's (or the role's) budget.
 const POOL: u32 = 4;
@@ -22,11 +20,10 @@ const WITHIN: Duration = Duration::from_secs(20);
 async fn behind_pgbouncer_in_session_mode_the_app_pool_opens_all_its_connections() {
     let bouncer = PgBouncer::start("session", POOL);
     let store = store_on(app_pool(&bouncer.url(), POOL).await).await;
-    let (router, _) = app(IdempotencyLayer::new(store.clone()));
-    assert_eq!(send(&router, post("k", "a")).await.status, 201);
-    // The application opens every connection its pool was sized for.
+    // A keyed request in each mode, then the application opens every
+    // connection its pool was sized for.
     assert!(
-        opens_transactions(store.pool(), POOL, WITHIN).await,
+        keyed_then_opens(&store, POOL, WITHIN).await,
         "the app pool waited for the store's connections"
     );
     let payments = Payments::new(&store, Duration::ZERO).await;
@@ -40,6 +37,10 @@ async fn behind_pgbouncer_in_session_mode_every_payment_is_answered() {
     let payments = Payments::new(&store, Duration::ZERO).await;
     let created = payments.run(16, 2, WITHIN).await;
     assert_eq!(created, 32, "payments answered 201 within {WITHIN:?}");
+    assert!(
+        keyed_then_opens(&store, POOL, WITHIN).await,
+        "the app pool waited for the store's connections"
+    );
     assert_eq!(payments.finish().await, 32);
 }
 
@@ -56,5 +57,9 @@ async fn under_a_roles_connection_limit_every_payment_is_answered() {
     let payments = Payments::new(&store, Duration::from_millis(300)).await;
     let created = payments.run(16, 2, WITHIN).await;
     assert_eq!(created, 32, "payments answered 201 within {WITHIN:?}");
+    assert!(
+        keyed_then_opens(&store, POOL, WITHIN).await,
+        "the app pool waited for the store's connections"
+    );
     assert_eq!(payments.finish().await, 32);
 }

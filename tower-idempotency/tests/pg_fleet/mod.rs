@@ -20,7 +20,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Executor;
 use tower_idempotency::{IdempotencyContext, IdempotencyLayer, PostgresStore, StoredResponse};
 
-use crate::support::{database_url, post, send, unique};
+use crate::support::{app, database_url, post, send, unique};
 
 /// A running PgBouncer of the test's own.
 pub struct PgBouncer {
@@ -184,6 +184,20 @@ pub async fn opens_transactions(pool: &PgPool, n: u32, within: Duration) -> bool
         txs
     };
     matches!(tokio::time::timeout(within, all).await, Ok(txs) if txs.len() == n as usize)
+}
+
+/// A keyed request through the two-phase layer and one through the
+/// transactional mode over `store`, each answered `201`; then whether
+/// `store`'s pool still opens `n` transactions at once within `within`.
+pub async fn keyed_then_opens(store: &PostgresStore, n: u32, within: Duration) -> bool {
+    let (router, _) = app(IdempotencyLayer::new(store.clone()));
+    assert_eq!(send(&router, post("two-phase", "a")).await.status, 201);
+    let transactional = IdempotencyLayer::transactional(store.clone())
+        .build()
+        .unwrap();
+    let (router, _) = app(transactional);
+    assert_eq!(send(&router, post("transactional", "a")).await.status, 201);
+    opens_transactions(store.pool(), n, within).await
 }
 
 /// A pool of `size` connections to `url`, waiting up to 30 s for one.
