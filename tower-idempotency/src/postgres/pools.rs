@@ -18,9 +18,10 @@ use super::{PostgresStore, Shared, STORE_POOL_REST, STORE_POOL_WAIT};
 impl PostgresStore {
     /// Opens a pool of at most `connections` connections of the store's own
     /// for its statements and the transactional mode's transactions (0,
-    /// the default: none, `pool` serves them). Count them in PostgreSQL's
-    /// `max_connections`, a role's `CONNECTION LIMIT` or a pooler's pool,
-    /// beside `pool`'s size and the lease pool's 2.
+    /// the default: none, the store's [`pool`](Self::pool) serves them).
+    /// Count them in PostgreSQL's `max_connections`, a role's
+    /// `CONNECTION LIMIT` or a pooler's pool, beside that pool's size and
+    /// the lease pool's 2.
     ///
     /// What it buys: that pool is built without sqlx's ping at checkout,
     /// and the store keeps its connections between statements instead of
@@ -34,7 +35,7 @@ impl PostgresStore {
     /// connection the server closed is found by the statement that fails
     /// on it, which is then repeated on another. When that pool cannot
     /// hand over a connection within 1 s (no slot left on the server),
-    /// `pool` serves for 10 s at a time, logged at `warn` once until the
+    /// the store's pool serves for 10 s at a time, logged at `warn` once until the
     /// store pool serves again; a pooler that accepts the connection and
     /// queues it instead (PgBouncer with its pool full) makes the store's
     /// calls wait in its queue: size the pooler's pool for both.
@@ -179,6 +180,10 @@ impl PostgresStore {
                 Err(err @ sqlx::Error::PoolTimedOut) if !std::ptr::eq(pool, &self.pool) => {
                     self.store_pool_failed(&err);
                     pool = &self.pool;
+                }
+                Ok(tx) if !std::ptr::eq(pool, &self.pool) => {
+                    self.store_pool_served();
+                    return Ok(tx);
                 }
                 other => return other.map_err(db_err("beginning a transaction")),
             }

@@ -220,7 +220,8 @@ impl Queries {
 /// The largest body written into a completion sent with its `COMMIT`: as
 /// hexadecimal digits it doubles in the query and is parsed as text, where
 /// a bound parameter travels as it is; a larger body is stored with bind
-/// parameters, then committed (two round trips, no copy of its size).
+/// parameters in an unnamed statement, then committed (three round trips:
+/// parse, execute, commit; no copy of its size).
 pub(super) const INLINE_BODY_LIMIT: usize = 16 * 1024;
 
 /// The completion of `(scope, key)` under the lease `lease`, then `COMMIT`,
