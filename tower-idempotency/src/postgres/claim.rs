@@ -4,7 +4,7 @@
 //! lease, read it, complete it.
 
 use bytes::Bytes;
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{Executor, PgConnection, Postgres, Row, Transaction};
 
 use crate::context::IdempotencyContext;
 use crate::store::{
@@ -13,8 +13,15 @@ use crate::store::{
 };
 
 use super::error::db_err;
-use super::sql::interval_secs;
+use super::sql::{interval_secs, Lit, Template};
 use super::PostgresStore;
+
+/// `template` with `args` written in, as a simple query (see `sql.rs`).
+pub(super) fn render(template: &Template, args: &[Lit<'_>]) -> Result<String, StoreError> {
+    template.render(args).ok_or_else(|| {
+        StoreError::msg("a scope or key holds a NUL character, which PostgreSQL cannot store")
+    })
+}
 
 impl PostgresStore {
     /// Completes the key described by `ctx` inside the caller's transaction.
@@ -146,21 +153,30 @@ impl PostgresStore {
     ) -> Result<(ClaimOutcome, bool), StoreError> {
         check_ids(req.scope, req.key)?;
         self.maybe_sweep();
+        let lease_text = lease.0.to_string();
+        let sql = render(
+            &self.queries.claim,
+            &[
+                Lit::Text(req.scope),
+                Lit::Text(req.key),
+                Lit::Bytes(req.fingerprint.as_bytes().as_slice()),
+                Lit::Float(interval_secs(req.ttl)),
+                Lit::Text(&lease_text),
+                Lit::Float(interval_secs(req.lock_timeout)),
+            ],
+        )?;
         for _ in 0..8 {
-            let claimed = sqlx::query(&self.queries.claim)
-                .bind(req.scope)
-                .bind(req.key)
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(interval_secs(req.ttl))
-                .bind(lease.0.to_string())
-                .bind(interval_secs(req.lock_timeout))
-                .fetch_optional(&mut *conn)
-                .await;
+            let claimed = (&mut *conn).fetch_optional(sql.as_str()).await;
             let claimed = match claimed {
                 // The transactional mode waits on a row an open transaction
-                // holds for at most its `lock_timeout`: that request is in
-                // progress.
-                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                // holds for at most its `lock_timeout` (55P03): that request
+                // is in progress. So it is when a `statement_timeout` the
+                // role or the database sets ends the wait first (57014):
+                // the one wait a claim of one row by its key can have is on
+                // a transaction holding that row.
+                Err(sqlx::Error::Database(db))
+                    if matches!(db.code().as_deref(), Some("55P03" | "57014")) =>
+                {
                     let busy = ClaimOutcome::InProgress {
                         fingerprint_matches: true,
                     };
@@ -209,11 +225,15 @@ impl PostgresStore {
         conn: &mut PgConnection,
         req: ClaimRequest<'_>,
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.queries.mark_stale)
-            .bind(req.scope)
-            .bind(req.key)
-            .bind(interval_secs(req.lock_timeout))
-            .execute(conn)
+        let sql = render(
+            &self.queries.mark_stale,
+            &[
+                Lit::Text(req.scope),
+                Lit::Text(req.key),
+                Lit::Float(interval_secs(req.lock_timeout)),
+            ],
+        )?;
+        conn.execute(sql.as_str())
             .await
             .map_err(db_err("marking a stale idempotency lease"))?;
         Ok(())
@@ -228,10 +248,9 @@ impl PostgresStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let row = sqlx::query(&self.queries.select)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&mut *conn)
+        let sql = render(&self.queries.select, &[Lit::Text(scope), Lit::Text(key)])?;
+        let row = (&mut *conn)
+            .fetch_optional(sql.as_str())
             .await
             .map_err(db_err("reading idempotency key"))?;
         let Some(row) = row else { return Ok(None) };
@@ -274,14 +293,20 @@ impl PostgresStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let status = status_column(response)?;
-        let result = sqlx::query(&self.queries.complete)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .bind(status)
-            .bind(headers_to_json(&response.headers)?)
-            .bind(response.body.as_ref())
-            .execute(conn)
+        let (lease, headers) = (lease.0.to_string(), headers_to_json(&response.headers)?);
+        let sql = render(
+            &self.queries.complete,
+            &[
+                Lit::Text(scope),
+                Lit::Text(key),
+                Lit::Text(&lease),
+                Lit::Int(status.into()),
+                Lit::Text(&headers),
+                Lit::Bytes(&response.body),
+            ],
+        )?;
+        let result = conn
+            .execute(sql.as_str())
             .await
             .map_err(db_err("completing idempotency key"))?;
         Ok(result.rows_affected() == 1)
