@@ -249,8 +249,10 @@ impl IdempotencyLayerBuilder {
         self
     }
 
-    /// Response headers stored and replayed (default `content-type`). Header
-    /// values that are not valid text are not stored.
+    /// Response headers stored and replayed (default `content-type`). Their
+    /// values are stored and replayed byte for byte, text or not (a UTF-8
+    /// file name in `Content-Disposition`, a UTF-8 `Location`), by every
+    /// store.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.stored_headers = names.into_iter().collect();
         self

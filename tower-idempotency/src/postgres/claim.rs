@@ -248,7 +248,7 @@ impl PostgresStore {
         let code: Option<i16> = row.try_get("response_code").map_err(db_err("decode"))?;
         let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
         let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
-        let headers: Vec<(String, String)> = match headers {
+        let headers: Vec<(String, Bytes)> = match headers {
             Some(text) => headers_from_json(text.as_bytes())?,
             None => Vec::new(),
         };
