@@ -393,3 +393,36 @@ async fn room_comes_from_the_heaviest_caller() {
         "a lighter caller paid for the heaviest"
     );
 }
+
+/// The order of callers by weight is dropped by each sweep and counted
+/// again the next time the store is full: it still names the heaviest.
+#[tokio::test]
+async fn the_heaviest_caller_is_found_again_after_a_sweep() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock.clone(), 10).sweep_every(Duration::from_secs(1));
+    for i in 0..8 {
+        done_in(&store, "big", &format!("b-{i}"), 201).await;
+    }
+    done_in(&store, "small", "s-0", 201).await;
+    done_in(&store, "mid", "m-0", 201).await;
+    done_in(&store, "small", "s-1", 201).await;
+    clock.advance(Duration::from_secs(2));
+    done_in(&store, "mid", "m-1", 201).await;
+    done_in(&store, "big", "b-8", 201).await;
+    let fp = Fingerprint([7; 32]);
+    for (scope, key, kept) in [
+        ("big", "b-0", false),
+        ("big", "b-1", false),
+        // "big" itself, the heaviest, made room for its own new key.
+        ("big", "b-2", false),
+        ("big", "b-3", true),
+        ("big", "b-8", true),
+        ("small", "s-0", true),
+        ("small", "s-1", true),
+        ("mid", "m-0", true),
+        ("mid", "m-1", true),
+    ] {
+        let found = store.lookup(scope, key, fp).await.unwrap();
+        assert_eq!(found.is_some(), kept, "{scope}/{key}");
+    }
+}

@@ -140,8 +140,11 @@ pub(super) struct Inner {
     /// ([`KeyHash`]'s scope hash).
     scopes: HashTable<ScopeRecords>,
     /// The same scopes, ordered by the number of records each holds: a
-    /// full store takes room from the heaviest.
-    weights: Weights,
+    /// full store takes room from the heaviest. Kept only once the store
+    /// has been full since the last sweep (`None` until then): a store
+    /// that never fills pays nothing per request for it, and one that does
+    /// counts its scopes once per sweep, O(n log n) beside the sweep's O(n).
+    weights: Option<Weights>,
     pub(super) next_seq: u64,
     pub(super) next_sweep: Option<SystemTime>,
     /// The last sweep made to find room in a full store.
@@ -208,11 +211,8 @@ impl Inner {
             s.count > 0
         });
         self.strangers.retain(current);
-        // Counted again: a sweep is O(n) already.
-        self.weights.clear();
-        for s in self.scopes.iter() {
-            self.weights.moved(s.hash, id_of(&s.scope), 0, s.count);
-        }
+        // Counted again when the store is next full.
+        self.weights = None;
         (before - self.records.len()) as u64
     }
 
@@ -254,7 +254,9 @@ impl Inner {
                 records.count += 1;
                 let (hash, count) = (records.hash, records.count);
                 let scope = records.scope.clone();
-                self.weights.moved(hash, id_of(&scope), count - 1, count);
+                if let Some(weights) = &mut self.weights {
+                    weights.moved(hash, id_of(&scope), count - 1, count);
+                }
                 scope
             }
             None => {
@@ -267,7 +269,9 @@ impl Inner {
                     succeeded: false,
                 };
                 self.scopes.insert_unique(hash.scope, records, |s| s.hash);
-                self.weights.moved(hash.scope, id_of(&shared), 0, 1);
+                if let Some(weights) = &mut self.weights {
+                    weights.moved(hash.scope, id_of(&shared), 0, 1);
+                }
                 shared
             }
         };
@@ -282,8 +286,9 @@ impl Inner {
         if let Ok(mut entry) = found {
             let s = entry.get_mut();
             s.count = s.count.saturating_sub(1);
-            let id = id_of(&s.scope);
-            self.weights.moved(s.hash, id, s.count + 1, s.count);
+            if let Some(weights) = &mut self.weights {
+                weights.moved(s.hash, id_of(&s.scope), s.count + 1, s.count);
+            }
             if s.count == 0 {
                 entry.remove();
             }
@@ -346,7 +351,15 @@ impl Inner {
     /// its fair share loses nothing.
     pub(super) fn evict_from_heaviest(&mut self, hash: KeyHash, scope: &str, own: usize) -> bool {
         let claimant = self.scope(hash, scope).map(|s| id_of(&s.scope));
-        let mut next = self.weights.heaviest(own.saturating_add(1), None);
+        let scopes = &self.scopes;
+        let weights = self.weights.get_or_insert_with(|| {
+            let mut weights = Weights::default();
+            for s in scopes {
+                weights.moved(s.hash, id_of(&s.scope), 0, s.count);
+            }
+            weights
+        });
+        let mut next = weights.heaviest(own.saturating_add(1), None);
         while let Some(weight @ (_, hash, id)) = next {
             let heavy = self
                 .scopes
@@ -357,7 +370,10 @@ impl Inner {
                     return true;
                 }
             }
-            next = self.weights.heaviest(own.saturating_add(1), Some(weight));
+            next = self
+                .weights
+                .as_ref()
+                .and_then(|w| w.heaviest(own.saturating_add(1), Some(weight)));
         }
         false
     }

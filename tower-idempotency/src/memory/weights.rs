@@ -4,9 +4,10 @@
 //! takes room from it, never from a caller within its fair share.
 //!
 //! Kept beside the scopes' table (`map.rs`), which tells it each change
-//! of a scope's count: one removal and one insertion in a B-tree per new
-//! or removed record, a few dozen instructions for the handful of scopes
-//! a store usually holds.
+//! of a scope's count (one removal and one insertion in a B-tree per new
+//! or removed record) once the store has been full since its last sweep;
+//! until then it is not kept, and a store that never fills pays nothing
+//! for it.
 
 use std::collections::BTreeSet;
 use std::ops::Bound;
@@ -39,11 +40,6 @@ impl Weights {
         if to > 0 {
             self.0.insert((to, hash, id));
         }
-    }
-
-    /// Forgets every scope (before they are counted again).
-    pub(super) fn clear(&mut self) {
-        self.0.clear();
     }
 
     /// The heaviest scope holding more than `above` records, lighter than
