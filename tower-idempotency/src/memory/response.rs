@@ -6,7 +6,7 @@
 //! copied into strings, and the first is held inline) and its body. Three
 //! allocations fewer per request; a replay, rarer, turns it into the
 //! `StoredResponse` the trait returns, the same one
-//! [`to_stored`](crate::replay) would have made.
+//! [`to_stored`](crate::request::replay) would have made.
 //!
 //! Uses only the store's types, as the rest of the memory store.
 
@@ -55,7 +55,7 @@ impl Headers {
 impl KeptResponse {
     /// What is kept of a response: its status, the values of its `names`
     /// headers, in order and byte for byte, and its body, as
-    /// [`to_stored`](crate::replay) keeps them.
+    /// [`to_stored`](crate::request::replay) keeps them.
     pub(crate) fn of(parts: &Parts, names: &[HeaderName], body: Bytes) -> Self {
         let mut headers = Headers::default();
         // Loops, not `to_stored`'s chain of iterators: ~60 instructions
@@ -110,7 +110,7 @@ mod tests {
     use http::header::{CONTENT_TYPE, LOCATION};
 
     use super::*;
-    use crate::replay::to_stored;
+    use crate::request::replay::to_stored;
 
     /// Replayed from the direct path, a response is the one the trait's
     /// path stores: the same headers (repeated ones in order, values that

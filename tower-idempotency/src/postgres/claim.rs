@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use sqlx::{PgConnection, Postgres, Row, Transaction};
 
-use crate::context::IdempotencyContext;
+use crate::request::context::IdempotencyContext;
 use crate::store::{
     check_ids, headers_from_json, headers_to_json, ClaimOutcome, ClaimRequest, Fingerprint,
     LeaseToken, StoreError, StoredResponse,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use http::HeaderName;
 
-use crate::keeper::Kept;
+use crate::request::keeper::Kept;
 use crate::store::LeaseToken;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

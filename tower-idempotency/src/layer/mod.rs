@@ -17,14 +17,14 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::{collect, CollectError};
-use crate::config::{Config, ConfigError, IdempotencyLayerBuilder};
-use crate::context::BoxError;
-use crate::inline::Detach;
-use crate::keeper::LeaseKeeper;
-use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
-use crate::problem::{problem, ProblemKind};
-use crate::run::process;
+use crate::request::body::{collect, CollectError};
+use crate::request::config::{Config, ConfigError, IdempotencyLayerBuilder};
+use crate::request::context::BoxError;
+use crate::request::inline::Detach;
+use crate::request::keeper::LeaseKeeper;
+use crate::request::key::{parse_key, KeyError, MAX_KEY_LEN};
+use crate::request::problem::{problem, ProblemKind};
+use crate::request::run::process;
 use crate::store::IdempotencyStore;
 
 /// A tower [`Layer`] that makes `POST`/`PATCH` handlers idempotent with the
@@ -374,7 +374,7 @@ where
             if let Some(pg) = config.transactional.clone() {
                 // (Boxed in the `let`: a named unboxed future would keep
                 // its storage in this one until the end of the block.)
-                let rest = Box::pin(crate::transactional::process(
+                let rest = Box::pin(crate::request::transactional::process(
                     inner, pg, config, parts, body, key,
                 ));
                 return rest.await;

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use http::{header, HeaderName, Method, StatusCode};
 
-use crate::context::IDEMPOTENCY_KEY;
 use crate::memory::MemoryStore;
-use crate::scope::ScopeRule;
+use crate::request::context::IDEMPOTENCY_KEY;
+use crate::request::scope::ScopeRule;
 use crate::store::{ClaimRequest, Fingerprint, IdempotencyStore};
 
 /// Default lock timeout: short, because live handlers extend their lease.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::context::IDEMPOTENT_REPLAYED;
-use crate::problem::{problem, problem_body, ProblemKind, PROBLEM_JSON};
+use crate::request::context::IDEMPOTENT_REPLAYED;
+use crate::request::problem::{problem, problem_body, ProblemKind, PROBLEM_JSON};
 use crate::store::StoredResponse;
 
 /// `Retry-After` in whole seconds, rounded up; never overflows.
