@@ -231,13 +231,12 @@ mod redis_store;
 mod request;
 mod store;
 
-pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisStore, DEFAULT_REDIS_PREFIX};
-pub use request::config::{ConfigError, IdempotencyLayerBuilder};
 pub use request::context::{IdempotencyContext, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use request::problem::ProblemKind;
 #[cfg(feature = "postgres")]

@@ -1,8 +1,15 @@
-//! The tower [`IdempotencyLayer`] (and the builder's `build` that makes
-//! it) and its [`IdempotencyService`]: what the layer checks before
-//! anything is claimed, then the claimed request, run in the response
-//! future (see `run/`) and handed to a task of its own if that future is
-//! dropped (`inline.rs`).
+//! The top floor: the tower [`IdempotencyLayer`] (and the builder's
+//! `build` that makes it) and its [`IdempotencyService`]: what the layer
+//! checks before anything is claimed, then the claimed request, run in
+//! the response future (see `request/run/`) and handed to a task of its
+//! own if that future is dropped (`request/inline.rs`). Beside it,
+//! `builder.rs`: the builder that gathers the settings.
+//!
+//! May use: `store`, `memory`, `postgres`, `request`.
+
+mod builder;
+
+pub use self::builder::{ConfigError, IdempotencyLayerBuilder};
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -18,7 +25,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::request::body::{collect, CollectError};
-use crate::request::config::{Config, ConfigError, IdempotencyLayerBuilder};
+use crate::request::config::Config;
 use crate::request::context::BoxError;
 use crate::request::inline::Detach;
 use crate::request::keeper::LeaseKeeper;

@@ -1,5 +1,7 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 //!
+//! May use: `store`.
+//!
 //! In three files: this one holds the store, its settings and its bounds
 //! (making room for a new key, keeping a response); below it, `map.rs`
 //! holds the records and the table that finds them; above it, `ops.rs`
