@@ -142,7 +142,8 @@ impl IdempotencyLayer {
     }
 }
 
-// Here, not in `config.rs`: the settings sit below the layer they make.
+// Here, not in `builder.rs`: the builder's settings (`request/config.rs`)
+// sit below the layer they make, and `build` makes the layer.
 impl IdempotencyLayerBuilder {
     /// Checks the settings and builds the layer.
     ///
