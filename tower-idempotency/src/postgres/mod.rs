@@ -1,5 +1,7 @@
 //! [`PostgresStore`]: a store shared by every server instance, in PostgreSQL.
 //!
+//! May use: `store`.
+//!
 //! The schema lives in the crate's `migrations/` folder and is applied by
 //! [`PostgresStore::migrate`]. Every timestamp (claim, lease, expiry, sweep)
 //! is computed by the database with `now()`, never from a replica's clock, so
@@ -14,8 +16,9 @@
 //! default, inside the budget the user sized), `lease.rs` (keeping leases alive),
 //! `maintenance.rs` (migrating, sweeping), `claim.rs` (one key's row, on a
 //! given connection, which the transactional mode uses too) and `ops.rs`
-//! (the store trait). They use the store's types and the request context,
-//! nothing of the layer.
+//! (the store trait). They use the store's types, nothing of the request
+//! path or the layer: the two completions that take the layer's request
+//! context live with the request path (`request/in_tx.rs`).
 
 /// Runs `$op` (a future using the connection `$conn`) on a connection of
 /// the main pool (or of the store pool, kept, when the user opened one),

@@ -1,5 +1,7 @@
 //! [`RedisStore`]: the keys in Redis, shared by every replica of a service.
 //!
+//! May use: `store`.
+//!
 //! ```no_run
 //! use tower_idempotency::{IdempotencyLayer, RedisStore};
 //!
