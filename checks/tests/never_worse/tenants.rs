@@ -371,6 +371,29 @@ fn waited_hedged(call: &Call, own: &[&Seen]) -> Duration {
     call.took.saturating_sub(served)
 }
 
+/// Whether the host, or the call's route, failed (not throttled) at
+/// least a quarter of at least five first attempts from 10 s before `from`
+/// to `to`: the retry budget's outage as the named cases measure it. The
+/// budget is the host's, its healthy routes' retries included (a
+/// deliberate difference, docs/migrating.md); a route that keeps failing
+/// while the host's other routes are healthy drains it too. A throttling
+/// answer, which the budget does not pay for, is traffic but no failure
+/// here, so no tenant's spent quota is an outage for anyone.
+fn failing(seen: &[Seen], path: &str, from: Duration, to: Duration) -> bool {
+    let ratio = |on_path: bool| {
+        let mut firsts = std::collections::BTreeSet::new();
+        let (mut n, mut failed) = (0, 0);
+        for s in seen.iter().filter(|s| !on_path || s.path == path) {
+            if s.at + Duration::from_secs(10) >= from && s.at <= to && firsts.insert(s.call) {
+                n += 1;
+                failed += usize::from(!(200..300).contains(&s.reply.status) && !says_wait(s));
+            }
+        }
+        n >= 5 && failed * 4 >= n
+    };
+    ratio(false) || ratio(true)
+}
+
 /// The narrow rule, call by call: ours against theirs.
 fn judge(
     script: &TenantScript,
@@ -397,6 +420,9 @@ fn judge(
         let report = o.report.as_ref();
         let stop = report.map(|r| r.stop_reason());
         let paced = report.map_or(Duration::ZERO, |r| r.rate_limit_wait());
+        let admission = report.map_or(Duration::ZERO, |r| r.admission_wait());
+        let in_outage = (stop == Some(StopReason::BudgetExhausted) || !admission.is_zero())
+            && failing(seen, o.path, o.began, ended);
         let excess = o.took.saturating_sub(t.took);
         v.worst = v.worst.max(excess);
         v.slower += usize::from(excess > Duration::from_millis(250));
@@ -410,6 +436,8 @@ fn judge(
                 && report.is_some_and(|r| r.attempts() == ATTEMPTS)
             {
                 Some(Excuse::SameAttemptsOtherAnswers)
+            } else if in_outage {
+                Some(Excuse::RetryBudgetInAnOutage)
             } else {
                 None
             };
@@ -431,13 +459,13 @@ fn judge(
             );
         }
         // What reqwest-retry's backoff could have drawn, when ours slept.
-        let slept = report.map_or(own.len() > 1, |r| !r.delays().is_empty());
+        let sleeps = report.map_or(own.len().saturating_sub(1), |r| r.delays().len());
         let mut limit = waited(t, &their_own) + SLACK;
-        if slept {
+        if sleeps > 0 {
             limit += (0..ATTEMPTS - 1).map(|n| THEIR_MIN * (1 << n)).sum();
         }
-        // The Retry-After and resets this call was answered.
-        for s in &own {
+        // The Retry-After and resets this call was answered before a sleep.
+        for s in own.iter().take(sleeps) {
             let hint = s.reply.hint().into_iter().chain(s.reply.spent_for());
             if let Some(h) = hint.filter(|h| *h <= MAX_RETRY_AFTER).max() {
                 limit += h + (h / 5).min(Duration::from_secs(2));
@@ -451,12 +479,24 @@ fn judge(
                     .or_default() += 1;
             }
         }
-        let ours_waited = waited_hedged(o, &own);
+        // The retry budget of a host that keeps failing (not throttling).
+        let waited_ours = waited_hedged(o, &own);
+        if waited_ours > limit && waited_ours <= limit + admission {
+            if in_outage {
+                *v.excused.entry(Excuse::RetryBudgetInAnOutage).or_default() += 1;
+                limit += admission;
+            } else if !t.ok && !o.ok {
+                *v.excused
+                    .entry(Excuse::AdmissionWaitedForAFailingHost)
+                    .or_default() += 1;
+                limit += admission;
+            }
+        }
         let better = o.ok && !t.ok;
-        if !better && ours_waited > limit {
+        if !better && waited_ours > limit {
             let _ = write!(
                 wrong,
-                "waited {ours_waited:?} against reqwest-retry's call of {:?} (limit {limit:?})",
+                "waited {waited_ours:?} against reqwest-retry's call of {:?} (limit {limit:?})",
                 t.took
             );
         }
