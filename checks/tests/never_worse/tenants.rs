@@ -458,6 +458,28 @@ fn judge(
                 "held {paced:?} for a rate its caller was never told of on its route; "
             );
         }
+        // A first attempt is held only while a quota its caller was told
+        // is spent on its route (or its shared policy) has not reset: the
+        // call began inside such a told wait (its jitter included).
+        let first_held = own
+            .first()
+            .map_or(Duration::ZERO, |s| s.at.saturating_sub(o.began));
+        let spent_when_begun = seen.iter().any(|s| {
+            script.calls[s.call].0 == tenant
+                && script.same_limit(TenantScript::route_of(s.path), route)
+                && heard(s) <= o.began
+                && s.reply.spent_for().is_some_and(|r| {
+                    r <= MAX_RETRY_AFTER
+                        && o.began < heard(s) + r + (r / 5).min(Duration::from_secs(2))
+                })
+        });
+        if first_held > SLACK && !spent_when_begun {
+            let _ = write!(
+                wrong,
+                "first attempt held {first_held:?} though no quota its caller was told is spent \
+                 on its route was running when it began; "
+            );
+        }
         // What reqwest-retry's backoff could have drawn, when ours slept.
         let sleeps = report.map_or(own.len().saturating_sub(1), |r| r.delays().len());
         let mut limit = waited(t, &their_own) + SLACK;
