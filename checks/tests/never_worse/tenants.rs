@@ -586,19 +586,29 @@ fn tenant_script() -> impl Strategy<Value = TenantScript> {
                 latency.clone(),
                 slow.clone(),
                 prop::collection::vec((0..tenants, 0..ROUTES.len()), 300),
+                prop::collection::vec((0usize..290, 0..tenants, 6usize..=20), 0..=3),
                 10u64..=100,
             )
         })
         .prop_map(
-            |(tenants, shared, limits, orders, latency, slow, calls, interval)| TenantScript {
-                tenants,
-                shared,
-                limits,
-                orders,
-                latency,
-                slow,
-                calls,
-                interval: Duration::from_millis(interval),
+            |(tenants, shared, limits, orders, latency, slow, mut calls, bursts, interval)| {
+                // A tenant's burst on both limited routes, nothing else
+                // meanwhile: what shows a limit wider than a route.
+                for (start, tenant, len) in bursts {
+                    for (k, call) in calls.iter_mut().skip(start).take(len).enumerate() {
+                        *call = (tenant, k % 2);
+                    }
+                }
+                TenantScript {
+                    tenants,
+                    shared,
+                    limits,
+                    orders,
+                    latency,
+                    slow,
+                    calls,
+                    interval: Duration::from_millis(interval),
+                }
             },
         )
 }
@@ -698,4 +708,49 @@ fn generated_tenant_scripts_are_never_worse() {
     println!("plain: {plain}\nhedging ({hedges} hedges): {hedged}");
     assert!(hedges > 0, "the hedging client never hedged");
     assert!(worse.is_empty(), "{}", worse.join("\n"));
+}
+
+/// Two separately named policies met together in one tenant's burst are
+/// two limits: `/search` (one call a 2 s window) goes on at its own reset
+/// while `/export` (one a 10 s window) stays spent, and another tenant's
+/// calls to the unlimited `/orders` meanwhile are never held. (Before the
+/// limit's scope had the policy's name, the burst's two 429s, one on each
+/// route, within a second and none succeeding, made one limit of them,
+/// and `/search` waited for `/export`'s reset.)
+#[test]
+fn a_burst_on_two_named_policies_holds_each_route_to_its_own_reset() {
+    let limit = |window| {
+        Some(Limit {
+            quota: 1,
+            window,
+            status: 429,
+            retry_after: false,
+            fields: Fields::Named,
+        })
+    };
+    // Tenant A: 6 calls alternating /search and /export in 60 ms, all
+    // sent before the first answer (100 ms), then /search at 3 s and
+    // 3.5 s; tenant B calls /orders between, every 10 ms.
+    let calls = (0..400)
+        .map(|i| match i {
+            0..6 => (0, i % 2),
+            300 | 350 => (0, 0),
+            _ => (1, UNLIMITED),
+        })
+        .collect();
+    let script = TenantScript {
+        tenants: 2,
+        shared: false,
+        limits: vec![vec![limit(2), None], vec![limit(10), None]],
+        orders: vec![200],
+        latency: vec![Duration::from_millis(100)],
+        slow: (usize::MAX, Duration::ZERO),
+        calls,
+        interval: Duration::from_millis(10),
+    };
+    let c = compare(&script, 51);
+    println!("plain {}\nhedging {}", c.plain, c.hedged);
+    for v in [c.plain, c.hedged] {
+        assert!(v.worse().is_none(), "{}", v.worse().unwrap());
+    }
 }
