@@ -23,6 +23,10 @@
 //! 501/409/413/425, slow answers). `cargo test` runs 24 generated cases;
 //! `NEVER_WORSE_CASES=2000 cargo test -p reqwest-safe-retry-checks --test
 //! never_worse -- --nocapture` is the long run quoted in BENCHMARKS.md.
+//! [`tenants`] adds generated scripts with two or three tenants through
+//! one client, separately named limits beside an unlimited route and
+//! hedging on, judged by a narrower rule: later than reqwest-retry only
+//! where the server told that caller, on that route, to wait.
 //! Transport errors (a reset, a refused connection) are not scripted here:
 //! a real socket under a paused clock lets tokio jump the clock while the
 //! socket is pending; `from_reqwest_retry.rs` and `classification.rs` run

@@ -562,7 +562,7 @@ fn limit(named_only: bool) -> impl Strategy<Value = Option<Limit>> {
     prop_oneof![1 => Just(None), 3 => some]
 }
 
-fn tenant_script() -> impl Strategy<Value = TenantScript> {
+fn tenant_script() -> impl Strategy<Value = (TenantScript, Vec<(usize, usize, usize)>)> {
     let latency = prop::collection::vec(
         prop_oneof![
             1 => Just(Duration::ZERO),
@@ -586,20 +586,14 @@ fn tenant_script() -> impl Strategy<Value = TenantScript> {
                 latency.clone(),
                 slow.clone(),
                 prop::collection::vec((0..tenants, 0..ROUTES.len()), 300),
-                prop::collection::vec((0usize..290, 0..tenants, 6usize..=20), 0..=3),
                 10u64..=100,
+                // Drawn last: a script's other draws do not depend on them.
+                prop::collection::vec((0usize..290, 0..tenants, 6usize..=20), 0..=3),
             )
         })
         .prop_map(
-            |(tenants, shared, limits, orders, latency, slow, mut calls, bursts, interval)| {
-                // A tenant's burst on both limited routes, nothing else
-                // meanwhile: what shows a limit wider than a route.
-                for (start, tenant, len) in bursts {
-                    for (k, call) in calls.iter_mut().skip(start).take(len).enumerate() {
-                        *call = (tenant, k % 2);
-                    }
-                }
-                TenantScript {
+            |(tenants, shared, limits, orders, latency, slow, calls, interval, bursts)| {
+                let script = TenantScript {
                     tenants,
                     shared,
                     limits,
@@ -608,20 +602,31 @@ fn tenant_script() -> impl Strategy<Value = TenantScript> {
                     slow,
                     calls,
                     interval: Duration::from_millis(interval),
-                }
+                };
+                (script, bursts)
             },
         )
 }
 
-/// The script of one seed.
-fn generated(seed: u64) -> TenantScript {
+/// The script of one seed, with its bursts (a tenant's calls on both
+/// limited routes, nothing else meanwhile: what shows a limit wider than
+/// a route) or without.
+fn generated(seed: u64, with_bursts: bool) -> TenantScript {
     let mut bytes = [0u8; 32];
     bytes[..8].copy_from_slice(&seed.to_le_bytes());
     let mut runner = TestRunner::new_with_rng(
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
     );
-    tenant_script().new_tree(&mut runner).unwrap().current()
+    let (mut script, bursts) = tenant_script().new_tree(&mut runner).unwrap().current();
+    if with_bursts {
+        for (start, tenant, len) in bursts {
+            for (k, call) in script.calls.iter_mut().skip(start).take(len).enumerate() {
+                *call = (tenant, k % 2);
+            }
+        }
+    }
+    script
 }
 
 /// What one script measured, for ours plain and ours hedging; and the
@@ -681,7 +686,7 @@ fn generated_tenant_scripts_are_never_worse() {
     let (mut plain, mut hedged, mut hedges) = (Verdict::default(), Verdict::default(), 0);
     let mut worse = Vec::new();
     for seed in 1..=seeds() {
-        let script = generated(seed);
+        let script = generated(seed, true);
         let c = compare(&script, seed);
         println!(
             "seed {seed} ({} tenants, {} policy, every {:?}): plain {}; hedging ({} hedges) {}",
@@ -749,6 +754,39 @@ fn a_burst_on_two_named_policies_holds_each_route_to_its_own_reset() {
         interval: Duration::from_millis(10),
     };
     let c = compare(&script, 51);
+    println!("plain {}\nhedging {}", c.plain, c.hedged);
+    for v in [c.plain, c.hedged] {
+        assert!(v.worse().is_none(), "{}", v.worse().unwrap());
+    }
+}
+
+/// Finding for the lead (seed 66 without its bursts; `--ignored` runs
+/// it): two tenants, `/search` unlimited for both, `/export` named
+/// `"export"`, tenant A 8 a 2 s window (over it 503 + Retry-After),
+/// tenant B 6 a 1 s window (429, no Retry-After); `/orders` answers 500,
+/// 503, 200, 500 in turn; a call every 11 ms. Tenant B's `PUT /export`
+/// call 223 (began 2.45 s) is held 4 s for its own spent quota, told 429
+/// at 6.46 s, and its retry goes out at 14.17 s: `admission_wait` 7.64 s
+/// of which only about 1.9 s is pacing (`rate_limit_wait` 5.93 s less the
+/// first attempt's 4 s), the rest the host's retry budget, drained by
+/// `/orders` (3 of 4 failing) while the host's failures, throttling
+/// aside, stay under a quarter of its first attempts (no outage by the
+/// named cases' measure). It ends 11.71 s after it began, 0.75 s past
+/// reqwest-retry's 0.66 s + that caller's pacing + its backoff + 100 ms.
+/// Hedging: calls 188, 194, 213, the same way. With bursts, seed 46
+/// (hedging) shows it too. Either the budget's part of a paced route's
+/// retry is the deliberate host budget (then the rule's outage measure
+/// wants the budget's own line, a tenth, not a quarter) or the pace hands
+/// a told route's retry to a budget the server never asked for.
+#[test]
+#[ignore = "finding for the lead: a told route's retry waits for the budget of a host not failing"]
+fn finding_a_paced_retry_waits_for_the_budget_of_a_host_not_failing() {
+    let script = generated(66, false);
+    println!(
+        "{} tenants, shared {}, limits {:?}, /orders {:?}, every {:?}",
+        script.tenants, script.shared, script.limits, script.orders, script.interval
+    );
+    let c = compare(&script, 66);
     println!("plain {}\nhedging {}", c.plain, c.hedged);
     for v in [c.plain, c.hedged] {
         assert!(v.worse().is_none(), "{}", v.worse().unwrap());
