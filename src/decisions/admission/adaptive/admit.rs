@@ -16,8 +16,7 @@ use super::super::{
     Admission, AttemptRecord, AttemptResult, FirstAttemptPacing, Grant, GrantSource,
     RetryAdmission, RetryKind, RetryRequest,
 };
-use super::scope::Owner;
-use super::{after, AdaptiveAdmission, Due, WAITER_STALE_POLLS};
+use super::{after, AdaptiveAdmission, Due, Host, WAITER_STALE_POLLS};
 
 /// The longest a probe whose caller never reported holds its host's one
 /// probe slot.
@@ -135,7 +134,7 @@ impl RetryAdmission for AdaptiveAdmission {
         }
         self.host(partition, now, |h| {
             // Only a quota reported spent to this route holds its calls.
-            let own_quota = Self::own_quota(h, route);
+            let own_quota = h.paces.as_ref().is_none_or(|p| p.own_quota(route));
             match self.pace(h, route, now) {
                 // A call already held keeps its place in the queue, so the
                 // queue behind a reset goes out at the rate, not as one wave.
@@ -250,17 +249,22 @@ impl AdaptiveAdmission {
         let max_rate = self.config.max_release_rate;
         let route = attempt.route();
         let throttling = attempt.was_too_fast() || exhausted.is_some();
-        let owner = Owner::of(route, attempt.rate_limit().and_then(|r| r.policy_id()));
+        let policy = attempt.rate_limit().and_then(|r| r.policy_id());
         let spent = exhausted.is_some();
         // The answer's hint, if it holds a pacing: a 429's Retry-After.
         let hint = attempt.retry_after().filter(|_| attempt.was_too_fast());
         self.host(partition, now, |h| {
-            if success {
-                self.no_wider(h);
+            if let Some(paces) = h.paces.as_mut().filter(|_| success) {
+                // A success: throttling so far proves no wider limit.
+                paces.no_wider();
             }
             // A route that throttled for the owner of a wider limit joins
             // it; its request was not sent under that limit's slot.
-            let joined = throttling && !success && self.join(h, route, owner, spent);
+            let joined = throttling
+                && !success
+                && h.paces
+                    .as_mut()
+                    .is_some_and(|p| p.join(route, policy, spent));
             // Pacings that have ended are dropped here too, so that a
             // host's successes stop taking this lock once it is calm.
             if self.pace(h, route, now).is_none() {
@@ -275,12 +279,16 @@ impl AdaptiveAdmission {
             // says its route's quota is spent.
             let widened = throttling
                 && !success
-                && self.widen(
-                    h,
-                    (route, owner, spent),
-                    (Pace::begin(now, quota_rate, max_rate), hint),
-                    now,
-                );
+                && h.paces.as_mut().is_some_and(|p| {
+                    p.widen(
+                        (route, policy, spent),
+                        (Pace::begin(now, quota_rate, max_rate), hint),
+                        now,
+                    )
+                });
+            if widened {
+                self.paced.fetch_add(1, Ordering::Relaxed);
+            }
             let released = released && !widened && !joined;
             let Some(pace) = self.pace(h, route, now) else {
                 return;
@@ -294,5 +302,53 @@ impl AdaptiveAdmission {
                 pace.succeeded(now, released);
             }
         });
+    }
+}
+
+impl AdaptiveAdmission {
+    /// The rate, requests per second, at which a paced route's requests
+    /// are released (the wider limit's, while the route is held by one:
+    /// the `scope` module); `None` when the route is not paced.
+    pub fn pace_rate(&self, partition: Partition, route: Route) -> Option<f64> {
+        self.hosts
+            .peek(partition, |h| h.paces.as_ref()?.rate_for(route))
+            .flatten()
+    }
+
+    /// Whether some of the host's routes are paced as one (a limit wider
+    /// than a route).
+    pub fn paced_as_one(&self, partition: Partition) -> bool {
+        self.hosts
+            .peek(partition, |h| {
+                h.paces.as_ref().is_some_and(|p| p.has_wide())
+            })
+            .unwrap_or(false)
+    }
+
+    /// The pacing that decides for a host's route at `now`: the wider
+    /// limit's, when the route met it, else the route's own; the pacings
+    /// that have ended are dropped first.
+    pub(super) fn pace<'h>(
+        &self,
+        h: &'h mut Host,
+        route: Route,
+        now: Instant,
+    ) -> Option<&'h mut Pace> {
+        let paces = h.paces.as_mut()?;
+        let dropped = paces.prune(now);
+        self.paced.fetch_sub(dropped, Ordering::Relaxed);
+        if paces.count() == 0 {
+            h.paces = None; // give the memory back
+            return None;
+        }
+        h.paces.as_mut()?.decide(route)
+    }
+
+    /// Starts pacing a route.
+    pub(super) fn begin_route(&self, h: &mut Host, route: Route, pace: Pace) {
+        let paces = h.paces.get_or_insert_with(Box::default);
+        if !paces.begin_route(route, pace) {
+            self.paced.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

@@ -23,13 +23,11 @@
 //! quota reported spent *to that member*: no route's reset is copied to
 //! routes that never met it.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::vocabulary::{Partition, Route};
+use crate::vocabulary::Route;
 
 use super::super::pacing::Pace;
-use super::{AdaptiveAdmission, Host};
 
 /// The most routes of one host paced at once, and the most a wider pace
 /// holds: past it, the route calm the longest makes room (a host whose
@@ -47,14 +45,14 @@ const SCOPE_WINDOW: Duration = Duration::from_secs(1);
 /// Whose limit an answer speaks of: the caller's credential (its digest)
 /// and the server's name for the policy, each when there is one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Owner {
+struct Owner {
     caller: Option<u64>,
     policy: Option<u64>,
 }
 
 impl Owner {
     /// The owner of a throttling answer on `route` that named `policy`.
-    pub(super) fn of(route: Route, policy: Option<u64>) -> Self {
+    fn of(route: Route, policy: Option<u64>) -> Self {
         Owner {
             caller: route.caller(),
             policy,
@@ -86,74 +84,56 @@ pub(super) struct Paces {
     evidence: Vec<(Route, Owner, Instant)>,
 }
 
-impl AdaptiveAdmission {
-    /// The rate, requests per second, at which a paced route's requests
-    /// are released (the wider limit's, while the route is held by one);
-    /// `None` when the route is not paced.
-    pub fn pace_rate(&self, partition: Partition, route: Route) -> Option<f64> {
-        self.hosts
-            .peek(partition, |h| {
-                let paces = h.paces.as_ref()?;
-                if let Some(wide) = paces.wide.as_ref().filter(|w| w.holds(route)) {
-                    return Some(wide.pace.rate());
-                }
-                paces
-                    .routes
-                    .iter()
-                    .find(|(r, _)| *r == route)
-                    .map(|(_, p)| p.rate())
-            })
-            .flatten()
+impl Paces {
+    /// Drops the pacings that have ended at `now` (a wider limit that has
+    /// been calm narrows back to the routes); how many were dropped.
+    pub(super) fn prune(&mut self, now: Instant) -> usize {
+        let before = self.count();
+        self.routes.retain(|(_, p)| !p.ended(now));
+        if self.wide.as_ref().is_some_and(|w| w.pace.ended(now)) {
+            self.wide = None;
+        }
+        before - self.count()
     }
 
-    /// Whether some of the host's routes are paced as one (a limit wider
-    /// than a route).
-    pub fn paced_as_one(&self, partition: Partition) -> bool {
-        self.hosts
-            .peek(partition, |h| {
-                h.paces.as_ref().is_some_and(|p| p.wide.is_some())
-            })
-            .unwrap_or(false)
+    /// How many pacings there are: the routes', and the wider limit's.
+    pub(super) fn count(&self) -> usize {
+        self.routes.len() + usize::from(self.wide.is_some())
     }
 
-    /// The pacing that decides for a host's route at `now`: the wider
-    /// limit's, when the route met it, else the route's own; the pacings
-    /// that have ended are dropped first.
-    pub(super) fn pace<'h>(
-        &self,
-        h: &'h mut Host,
-        route: Route,
-        now: Instant,
-    ) -> Option<&'h mut Pace> {
-        let paces = h.paces.as_mut()?;
-        let before = paces.routes.len() + usize::from(paces.wide.is_some());
-        paces.routes.retain(|(_, p)| !p.ended(now));
-        if paces.wide.as_ref().is_some_and(|w| w.pace.ended(now)) {
-            // Calm: narrowed back to the routes.
-            paces.wide = None;
-        }
-        let after = paces.routes.len() + usize::from(paces.wide.is_some());
-        self.paced.fetch_sub(before - after, Ordering::Relaxed);
-        if after == 0 {
-            h.paces = None; // give the memory back
-            return None;
-        }
-        let paces = h.paces.as_mut()?;
-        if let Some(wide) = paces.wide.as_mut().filter(|w| w.holds(route)) {
+    /// The pacing that decides for `route`: the wider limit's, when the
+    /// route met it, else the route's own.
+    pub(super) fn decide(&mut self, route: Route) -> Option<&mut Pace> {
+        if let Some(wide) = self.wide.as_mut().filter(|w| w.holds(route)) {
             return Some(&mut wide.pace);
         }
-        paces
-            .routes
+        self.routes
             .iter_mut()
             .find(|(r, _)| *r == route)
             .map(|(_, p)| p)
     }
 
+    /// The release rate for `route`, if a pacing decides for it.
+    pub(super) fn rate_for(&self, route: Route) -> Option<f64> {
+        if let Some(wide) = self.wide.as_ref().filter(|w| w.holds(route)) {
+            return Some(wide.pace.rate());
+        }
+        self.routes
+            .iter()
+            .find(|(r, _)| *r == route)
+            .map(|(_, p)| p.rate())
+    }
+
+    /// Whether some routes are paced as one.
+    pub(super) fn has_wide(&self) -> bool {
+        self.wide.is_some()
+    }
+
     /// Whether a spent quota the route's pacing knows of was reported to
     /// the route itself: always for a route's own pacing; for a wider
     /// limit, only when that member was told so.
-    pub(super) fn own_quota(h: &Host, route: Route) -> bool {
-        let Some(wide) = h.paces.as_ref().and_then(|p| p.wide.as_ref()) else {
+    pub(super) fn own_quota(&self, route: Route) -> bool {
+        let Some(wide) = &self.wide else {
             return true;
         };
         wide.members
@@ -162,60 +142,59 @@ impl AdaptiveAdmission {
             .is_none_or(|(_, spent)| *spent)
     }
 
-    /// Starts pacing a route.
-    pub(super) fn begin_route(&self, h: &mut Host, route: Route, pace: Pace) {
-        let routes = &mut h.paces.get_or_insert_with(Box::default).routes;
+    /// Starts pacing a route; whether a route calm the longest made room
+    /// for it (past [`MAX_PACED_ROUTES`]).
+    pub(super) fn begin_route(&mut self, route: Route, pace: Pace) -> bool {
+        let routes = &mut self.routes;
+        let mut evicted = false;
         if routes.len() >= MAX_PACED_ROUTES {
-            // The route calm the longest makes room.
             if let Some(i) = (0..routes.len()).min_by_key(|i| routes[*i].1.quiet_since()) {
                 routes.swap_remove(i);
-                self.paced.fetch_sub(1, Ordering::Relaxed);
+                evicted = true;
             }
         }
         routes.push((route, pace));
-        self.paced.fetch_add(1, Ordering::Relaxed);
+        evicted
     }
 
-    /// A throttling answer from `route`, `owner`'s, at `now`, `spent` when
-    /// it said the quota is spent: the route joins the wider limit of the
+    /// A throttling answer from `route` naming `policy`, `spent` when it
+    /// said the quota is spent: the route joins the wider limit of the
     /// same owner, if there is one. Whether it joined now (its request
     /// was not sent under that limit's release slot).
-    pub(super) fn join(&self, h: &mut Host, route: Route, owner: Owner, spent: bool) -> bool {
-        let Some(wide) = h.paces.as_mut().and_then(|p| p.wide.as_mut()) else {
+    pub(super) fn join(&mut self, route: Route, policy: Option<u64>, spent: bool) -> bool {
+        let Some(wide) = self.wide.as_mut() else {
             return false;
         };
         if let Some(member) = wide.members.iter_mut().find(|(r, _)| *r == route) {
             member.1 |= spent;
             return false;
         }
-        if wide.owner != owner || wide.members.len() >= MAX_PACED_ROUTES {
+        if wide.owner != Owner::of(route, policy) || wide.members.len() >= MAX_PACED_ROUTES {
             return false;
         }
         wide.members.push((route, spent));
         true
     }
 
-    /// A throttling answer from `route`, `owner`'s, at `now`, as evidence
-    /// of the limit's scope: when it makes [`WIDER_AFTER`] routes of one
-    /// owner throttled within [`SCOPE_WINDOW`] with none succeeding, those
-    /// routes are paced as one from `fresh`, held as long as the longest
-    /// of their holds and this answer's `hint`. Whether it was widened now.
+    /// A throttling answer from `route` naming `policy` at `now`, as
+    /// evidence of the limit's scope: when it makes [`WIDER_AFTER`] routes
+    /// of one owner throttled within [`SCOPE_WINDOW`] with none succeeding,
+    /// those routes are paced as one from `fresh`, held as long as the
+    /// longest of their holds and this answer's `hint`. Whether it was
+    /// widened now.
     pub(super) fn widen(
-        &self,
-        h: &mut Host,
-        (route, owner, spent): (Route, Owner, bool),
+        &mut self,
+        (route, policy, spent): (Route, Option<u64>, bool),
         (fresh, hint): (Pace, Option<Duration>),
         now: Instant,
     ) -> bool {
-        let Some(paces) = h.paces.as_mut() else {
-            return false;
-        };
-        if paces.wide.is_some() {
+        if self.wide.is_some() {
             // One wider limit at a time; another owner's routes are paced
             // each on its own meanwhile.
             return false;
         }
-        let evidence = &mut paces.evidence;
+        let owner = Owner::of(route, policy);
+        let evidence = &mut self.evidence;
         evidence
             .retain(|(r, _, at)| *r != route && now.saturating_duration_since(*at) <= SCOPE_WINDOW);
         evidence.push((route, owner, now));
@@ -231,7 +210,7 @@ impl AdaptiveAdmission {
         let mut wide_members = Vec::with_capacity(members.len());
         for member in members {
             let mut spent = member == route && spent;
-            if let Some((_, p)) = paces.routes.iter().find(|(r, _)| *r == member) {
+            if let Some((_, p)) = self.routes.iter().find(|(r, _)| *r == member) {
                 pace.take_holds_of(p);
                 spent |= p.quota_spent(now);
             }
@@ -240,22 +219,19 @@ impl AdaptiveAdmission {
         if let Some(hint) = hint {
             pace.hold(now, hint);
         }
-        paces.wide = Some(Wide {
+        self.wide = Some(Wide {
             owner,
             pace,
             members: wide_members,
         });
-        paces.evidence.retain(|(_, o, _)| *o != owner);
-        self.paced.fetch_add(1, Ordering::Relaxed);
+        self.evidence.retain(|(_, o, _)| *o != owner);
         true
     }
 
     /// A success on the host: throttling so far proves no limit wider than
     /// a route.
-    pub(super) fn no_wider(&self, h: &mut Host) {
-        if let Some(paces) = h.paces.as_mut() {
-            paces.evidence.clear();
-        }
+    pub(super) fn no_wider(&mut self) {
+        self.evidence.clear();
     }
 }
 
