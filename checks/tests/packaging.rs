@@ -252,3 +252,24 @@ fn the_default_features_choose_no_tls_and_no_unvetted_unsafe() {
         }
     }
 }
+
+/// Issue 55: one version of each dependency in each published crate's
+/// tree (`cargo tree -d`, its default features), where the ecosystem
+/// allows: `syn` 2 beside 3 is proc macros of the ecosystem's
+/// (tracing-attributes is on syn 2), built, never linked. With the
+/// `postgres` feature the remaining pairs (getrandom 0.2, hashbrown 0.15
+/// beside 0.17) are all inside sqlx 0.8's own tree.
+#[test]
+fn each_published_crate_has_one_version_of_each_dependency() {
+    for package in ["reqwest-safe-retry", "tower-idempotency", "idempotency-key"] {
+        let tree = cargo(&[
+            "tree", "--locked", "-d", "-e", "normal", "-p", package, "--depth", "0", "--prefix",
+            "none",
+        ]);
+        let twice: Vec<&str> = tree
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("syn v"))
+            .collect();
+        assert!(twice.is_empty(), "{package}: two versions of {twice:?}");
+    }
+}
