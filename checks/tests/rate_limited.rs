@@ -915,15 +915,30 @@ async fn a_refused_release_does_not_cost_its_call_a_second_attempt_to_the_search
 #[tokio::test(start_paused = true)]
 #[ignore = "a trace"]
 async fn trace_one() {
-    let var = |k: &str, d: u64| std::env::var(k).ok().and_then(|s| s.parse().ok()).unwrap_or(d);
-    let (seed, ms, scenario) = (var("TRACE_SEED", 6), var("TRACE_MS", 70), var("TRACE_SCENARIO", 0));
+    let var = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (seed, ms, scenario) = (
+        var("TRACE_SEED", 6),
+        var("TRACE_MS", 70),
+        var("TRACE_SCENARIO", 0),
+    );
     let (policy, path): (RetryPolicy, fn(usize) -> String) = match scenario {
         0 => (seeded(), one_path),
         1 => (paced_first(), one_path),
         _ => (seeded(), twenty_paths),
     };
     let [cold, warm] = cold_and_warm_jittered(policy, path, seed, ms).await;
-    println!("cold {}/20 {:.2}×, warm {}/20 {:.2}×", cold.succeeded, cold.load(), warm.succeeded, warm.load());
+    println!(
+        "cold {}/20 {:.2}×, warm {}/20 {:.2}×",
+        cold.succeeded,
+        cold.load(),
+        warm.succeeded,
+        warm.load()
+    );
 }
 
 /// The sweep behind issue 51's "holds every time": the three real-nginx
@@ -934,7 +949,8 @@ async fn trace_one() {
 #[ignore = "a sweep: minutes, prints a table"]
 async fn sweep() {
     type Make = fn() -> RetryPolicy;
-    let scenarios: [(&str, Make, fn(usize) -> String); 3] = [
+    type Path = fn(usize) -> String;
+    let scenarios: [(&str, Make, Path); 3] = [
         ("one path", seeded, one_path),
         ("one path, paced first", paced_first, one_path),
         ("20 paths", seeded, twenty_paths),
