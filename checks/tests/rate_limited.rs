@@ -909,6 +909,26 @@ async fn a_refused_release_does_not_cost_its_call_a_second_attempt_to_the_search
     }
 }
 
+/// Issue 51: the opt-in's warm wave at most 1.1× the calls with 0–20 ms of
+/// transit jitter. A late arrival made a rate that had worked fail once
+/// (the spacing widened for it); the search then went upward after its
+/// 20 calm releases, past the widened spacing, and its probe's 429 (each
+/// a call's second attempt and a second's hold) took the warm wave to
+/// 1.15×. A 429 at a rate already admitted postpones the probe as a
+/// refused probe does.
+#[tokio::test(start_paused = true)]
+async fn with_paced_first_attempts_a_late_arrival_costs_the_warm_wave_no_probe() {
+    for seed in [1, 4, 5] {
+        let [_, warm] = cold_and_warm_jittered(paced_first(), one_path, seed, 20).await;
+        assert_eq!(warm.succeeded, 20, "seed {seed}: {warm:?}");
+        assert!(
+            warm.load() <= 1.1,
+            "seed {seed}: {:.2}×: {warm:?}",
+            warm.load()
+        );
+    }
+}
+
 /// One run of the sweep, every request traced: `BUCKET_TRACE=1
 /// TRACE_SEED=6 TRACE_MS=70 TRACE_SCENARIO=0 cargo test --test rate_limited
 /// -- --ignored --nocapture trace_one`.

@@ -277,6 +277,8 @@ impl Pace {
             // Perhaps the transit's jitter, not the rate: each widens the
             // spacing by half the interval that was refused.
             self.slack += spacing(self.slot_rate) / 2;
+            // Nor is it a sign the search may go up: a probe waits longer.
+            self.probe_level = (self.probe_level + 1).min(MAX_PROBE_LEVEL);
             if self.contradictions >= UNRELATED_AFTER {
                 // Back to the best rate that worked, and no longer paced.
                 self.unrelated = true;
