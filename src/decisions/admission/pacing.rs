@@ -46,7 +46,8 @@
 //! rate the route had already admitted contradicts the search; after
 //! [`UNRELATED_AFTER`] of them the 429s are not about the rate (a
 //! balancer's): the route is no longer paced or held by them, its retries
-//! the outage admission's. Each also widens the spacing by half an
+//! the outage admission's (their count forgotten after [`PROBE_RELEASES`]
+//! accepted in a row). Each widens the spacing by a quarter of an
 //! interval: a request that reaches the server late by a varying delay (a
 //! loaded machine's task woken late) makes a rate that worked fail once. With no 429 (to any request of the route) for a
 //! probe interval (1 s and [`PROBE_RELEASES`] releases, doubling each time
@@ -147,8 +148,7 @@ pub(super) struct Pace {
     max_rate: f64,
     /// The highest rate a release ever succeeded at (`good` may forget it).
     peak: Option<f64>,
-    /// 429s to releases sent at a rate the route had already admitted;
-    /// the spacing each widened (arrivals late by a varying delay).
+    /// 429s to releases at a rate the route had admitted; their spacing.
     contradictions: u32,
     slack: Duration,
     /// The 429s do not follow the rate: "failing anyway", as a 503's.
@@ -270,14 +270,12 @@ impl Pace {
         if self.after_hold {
             return; // sent as the hold ended: the server is still closed
         }
-        // A ramp grows ×RAMP_GROWTH only while no rate was told "too many".
         let ramp_ended = std::mem::take(&mut self.ramping) && self.bad.is_none();
         if self.good.is_some_and(|g| self.slot_rate <= g) {
             self.contradictions += 1;
-            // Perhaps the transit's jitter, not the rate: each widens the
-            // spacing by half the interval that was refused.
-            self.slack += spacing(self.slot_rate) / 2;
-            // Nor is it a sign the search may go up: a probe waits longer.
+            // Perhaps a late arrival, not the rate: a wider spacing.
+            self.slack = (spacing(self.slot_rate) / 4 * self.contradictions).max(self.slack);
+            // Nor a sign the search may go up: a probe waits longer.
             self.probe_level = (self.probe_level + 1).min(MAX_PROBE_LEVEL);
             if self.contradictions >= UNRELATED_AFTER {
                 // Back to the best rate that worked, and no longer paced.
@@ -302,8 +300,8 @@ impl Pace {
         let rate = self.slot_rate;
         self.bad = Some(self.bad.map_or(rate, |b| b.min(rate)));
         // A host that slowed down: what worked before no longer does. A
-        // ramp's steps may have got through by luck (a request that
-        // reached the server late): only its first release's rate worked.
+        // ramp's steps (×RAMP_GROWTH while no rate was told "too many")
+        // may have got through by luck, arriving late: not its first.
         let good = if ramp_ended { self.ramp_base } else { None };
         self.good = good.or(self.good).filter(|g| *g < rate);
         self.rate = self
@@ -347,6 +345,9 @@ impl Pace {
         self.good = Some(good);
         self.peak = Some(self.peak.map_or(good, |p| p.max(good)));
         self.calm_releases = self.calm_releases.saturating_add(1);
+        if self.calm_releases >= PROBE_RELEASES {
+            self.contradictions = 0; // sparse: late arrivals'
+        }
         if self.bad.is_some_and(|b| good >= b) {
             // Through at a rate that was told "too many": the limit lifted.
             self.bad = None;
