@@ -983,11 +983,13 @@ async fn sweep() {
         for (name, policy, path) in scenarios {
             let (mut failed_runs, mut failed_calls) = ([0usize; 2], [0usize; 2]);
             let mut loads = [Vec::new(), Vec::new()];
+            let mut slowest = [Duration::ZERO; 2];
             let mut bad = Vec::new();
             for seed in 1..=seeds {
                 let waves = cold_and_warm_jittered(policy(), path, seed, ms).await;
                 for (i, b) in waves.iter().enumerate() {
                     loads[i].push(b.load());
+                    slowest[i] = slowest[i].max(b.last);
                     if b.succeeded < 20 {
                         failed_runs[i] += 1;
                         failed_calls[i] += 20 - b.succeeded;
@@ -1002,9 +1004,9 @@ async fn sweep() {
                 format!("mean {mean:.2}× max {max:.2}× >1.1×: {over}")
             };
             println!(
-                "jitter 0-{ms} ms, {name}: cold failed runs {} ({} calls), warm failed runs {} ({} calls); cold load {}; warm load {}; bad (seed, wave) {:?}",
+                "jitter 0-{ms} ms, {name}: cold failed runs {} ({} calls), warm failed runs {} ({} calls); cold load {}; warm load {}; slowest {:.1?}; bad (seed, wave) {:?}",
                 failed_runs[0], failed_calls[0], failed_runs[1], failed_calls[1],
-                stats(&loads[0]), stats(&loads[1]), &bad[..bad.len().min(12)]
+                stats(&loads[0]), stats(&loads[1]), slowest, &bad[..bad.len().min(12)]
             );
         }
     }

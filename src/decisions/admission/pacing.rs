@@ -274,7 +274,7 @@ impl Pace {
         if self.good.is_some_and(|g| self.slot_rate <= g) {
             self.contradictions += 1;
             // Perhaps a late arrival, not the rate: a wider spacing.
-            self.slack = (spacing(self.slot_rate) / 4 * self.contradictions).max(self.slack);
+            self.slack = (spacing(self.slot_rate) / 8 * self.contradictions.pow(2)).max(self.slack);
             // Nor a sign the search may go up: a probe waits longer.
             self.probe_level = (self.probe_level + 1).min(MAX_PROBE_LEVEL);
             if self.contradictions >= UNRELATED_AFTER {
