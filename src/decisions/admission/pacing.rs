@@ -46,7 +46,10 @@
 //! rate the route had already admitted contradicts the search; after
 //! [`UNRELATED_AFTER`] of them the 429s are not about the rate (a
 //! balancer's): the route is no longer paced or held by them, its retries
-//! the outage admission's. With no 429 (to any request of the route) for a
+//! the outage admission's (their count forgotten after [`PROBE_RELEASES`]
+//! accepted in a row). Each widens the spacing by a quarter of an
+//! interval: a request that reaches the server late by a varying delay (a
+//! loaded machine's task woken late) makes a rate that worked fail once. With no 429 (to any request of the route) for a
 //! probe interval (1 s and [`PROBE_RELEASES`] releases, doubling each time
 //! a probe is told "too many"), the search goes upward again (not above a
 //! published quota).
@@ -121,8 +124,10 @@ pub(super) struct Pace {
     /// first after a hold (a 429 to it says the hold's reason lasts).
     reopened: bool,
     after_hold: bool,
-    /// A hold has ended and no 429 to a release has come since.
+    /// A hold has ended and no 429 to a release has come since; the rate
+    /// of the first release after it, which got through.
     ramping: bool,
+    ramp_base: Option<f64>,
     /// The rate that spaced `next`; the last release's (its answer's subject).
     spaced_by: f64,
     slot_rate: f64,
@@ -143,8 +148,9 @@ pub(super) struct Pace {
     max_rate: f64,
     /// The highest rate a release ever succeeded at (`good` may forget it).
     peak: Option<f64>,
-    /// 429s to releases sent at a rate the route had already admitted.
+    /// 429s to releases at a rate the route had admitted; their spacing.
     contradictions: u32,
+    slack: Duration,
     /// The 429s do not follow the rate: "failing anyway", as a 503's.
     unrelated: bool,
 }
@@ -195,6 +201,7 @@ impl Pace {
             reopened: false,
             after_hold: false,
             ramping: false,
+            ramp_base: None,
             spaced_by: rate,
             slot_rate: rate,
             hold: None,
@@ -208,8 +215,14 @@ impl Pace {
             max_rate,
             peak: None,
             contradictions: 0,
+            slack: Duration::ZERO,
             unrelated: false,
         }
+    }
+
+    /// The interval between releases at `rate`, widened by the slack.
+    fn spacing(&self, rate: f64) -> Duration {
+        spacing(rate).saturating_add(self.slack)
     }
 
     /// The release rate, requests per second.
@@ -257,9 +270,13 @@ impl Pace {
         if self.after_hold {
             return; // sent as the hold ended: the server is still closed
         }
-        self.ramping = false;
+        let ramp_ended = std::mem::take(&mut self.ramping) && self.bad.is_none();
         if self.good.is_some_and(|g| self.slot_rate <= g) {
             self.contradictions += 1;
+            // Perhaps a late arrival, not the rate: a wider spacing.
+            self.slack = (spacing(self.slot_rate) / 8 * self.contradictions.pow(2)).max(self.slack);
+            // Nor a sign the search may go up: a probe waits longer.
+            self.probe_level = (self.probe_level + 1).min(MAX_PROBE_LEVEL);
             if self.contradictions >= UNRELATED_AFTER {
                 // Back to the best rate that worked, and no longer paced.
                 self.unrelated = true;
@@ -282,8 +299,11 @@ impl Pace {
         };
         let rate = self.slot_rate;
         self.bad = Some(self.bad.map_or(rate, |b| b.min(rate)));
-        // A host that slowed down: what worked before no longer does.
-        self.good = self.good.filter(|g| *g < rate);
+        // A host that slowed down: what worked before no longer does. A
+        // ramp's steps (×RAMP_GROWTH while no rate was told "too many")
+        // may have got through by luck, arriving late: not its first.
+        let good = if ramp_ended { self.ramp_base } else { None };
+        self.good = good.or(self.good).filter(|g| *g < rate);
         self.rate = self
             .good
             .unwrap_or(rate / 2.0)
@@ -299,7 +319,7 @@ impl Pace {
             self.bad = Some(quota * CONVERGED);
         }
         // The next slot a full interval after this answer.
-        if let Some(next) = after(now, spacing(self.rate)) {
+        if let Some(next) = after(now, self.spacing(self.rate)) {
             self.next = self.next.max(next);
             self.spaced_by = self.rate;
         }
@@ -318,10 +338,16 @@ impl Pace {
             self.lifted = true;
             self.bad = None;
         }
+        if self.after_hold {
+            self.ramp_base = Some(self.slot_rate);
+        }
         let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
         self.good = Some(good);
         self.peak = Some(self.peak.map_or(good, |p| p.max(good)));
         self.calm_releases = self.calm_releases.saturating_add(1);
+        if self.calm_releases >= PROBE_RELEASES {
+            self.contradictions = 0; // sparse: late arrivals'
+        }
         if self.bad.is_some_and(|b| good >= b) {
             // Through at a rate that was told "too many": the limit lifted.
             self.bad = None;
@@ -342,6 +368,10 @@ impl Pace {
             DISCOVER_GROWTH
         };
         let next = match self.bad {
+            // The release after a hold's first goes at a rate that worked:
+            // its taker is most likely the call refused before the hold,
+            // whose Retry-After ended with it (perhaps its last attempt).
+            Some(_) if self.after_hold && !self.probing => good,
             Some(bad) if !self.probing && bad > good * CONVERGED => (good + bad) / 2.0,
             Some(_) if !self.probing => good,
             _ => self.rate.max(good * growth),
@@ -349,44 +379,13 @@ impl Pace {
         self.rate = next.min(self.max_rate.max(MIN_RATE));
         if self.ramping {
             // The next slot at the new rate, from the last release.
-            if let Some(sooner) = after(self.last_release, spacing(self.rate)) {
+            if let Some(sooner) = after(self.last_release, self.spacing(self.rate)) {
                 if sooner < self.next {
                     self.next = sooner;
                     self.spaced_by = self.rate;
                 }
             }
         }
-    }
-
-    /// Holds every release until `until` from `now` (a Retry-After, a
-    /// quota's reset); pacing goes on for [`CALM`] after it ends.
-    pub(super) fn hold(&mut self, now: Instant, until: Duration) {
-        let year = Duration::from_secs(86_400 * 365);
-        let at = after(now, until)
-            .or_else(|| after(now, year))
-            .unwrap_or(now);
-        self.hold = Some(self.hold.map_or(at, |h| h.max(at)));
-        self.quiet_since = self.quiet_since.max(at);
-    }
-
-    /// Holds every release, first attempts too, until `until` from `now`:
-    /// the server said the route's quota is spent until then.
-    pub(super) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
-        self.hold(now, until);
-        let at = after(now, until).or(self.hold);
-        self.quota_reset = self.quota_reset.max(at);
-    }
-
-    /// Holds as long as `other` holds (a route's, folded into its host's).
-    pub(super) fn take_holds_of(&mut self, other: &Pace) {
-        self.hold = self.hold.max(other.hold);
-        self.quota_reset = self.quota_reset.max(other.quota_reset);
-        self.quiet_since = self.quiet_since.max(other.quiet_since);
-    }
-
-    /// Whether the route's quota is spent at `now` (its reset to come).
-    pub(super) fn quota_spent(&self, now: Instant) -> bool {
-        self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
     }
 
     /// Whether the pacing decides at `now`: always during a hold, and
@@ -425,7 +424,7 @@ impl Pace {
             self.last_denied = Some(now);
             let wait = slot - now;
             if self.ramping && self.hold.is_none() {
-                let sooner = after(self.last_release, spacing(self.rate * RAMP_GROWTH))
+                let sooner = after(self.last_release, self.spacing(self.rate * RAMP_GROWTH))
                     .map_or(RAMP_POLL, |s| s.saturating_duration_since(now))
                     .max(RAMP_POLL);
                 return Err(wait.min(sooner));
@@ -439,12 +438,13 @@ impl Pace {
         self.released_any = true;
         self.last_release = now;
         // No catching up after a quiet spell: one request per slot.
-        self.next = after(now, spacing(self.rate)).unwrap_or(now);
+        self.next = after(now, self.spacing(self.rate)).unwrap_or(now);
         self.slot_rate = self.spaced_by;
         self.spaced_by = self.rate;
         Ok(())
     }
 }
 
+mod holds;
 #[cfg(test)]
 mod tests;
