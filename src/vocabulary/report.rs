@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::idempotency::SharedKey;
-use super::lock::lock;
 use super::partition::Partition;
 
 /// Why the retry loop stopped. An enum, not a string, so callers can match.
@@ -368,16 +367,24 @@ impl ReportSlot {
 
     /// A copy of the report, once the call has finished.
     pub fn get(&self) -> Option<RetryReport> {
-        lock(&self.inner).clone()
+        self.guard().clone()
     }
 
     /// The report, leaving the slot empty.
     pub fn take(&self) -> Option<RetryReport> {
-        lock(&self.inner).take()
+        self.guard().take()
     }
 
     pub(crate) fn fill(&self, report: RetryReport) {
-        *lock(&self.inner) = Some(report);
+        *self.guard() = Some(report);
+    }
+
+    /// The slot, whether or not a thread panicked holding it: a report is
+    /// whole after every statement that writes it.
+    fn guard(&self) -> std::sync::MutexGuard<'_, Option<RetryReport>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

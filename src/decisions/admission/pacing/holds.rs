@@ -8,7 +8,7 @@ use super::{after, Pace};
 impl Pace {
     /// Holds every release until `until` from `now` (a Retry-After, a
     /// quota's reset); pacing goes on for [`CALM`](super::CALM) after it ends.
-    pub(in crate::decisions::admission) fn hold(&mut self, now: Instant, until: Duration) {
+    pub(crate) fn hold(&mut self, now: Instant, until: Duration) {
         let year = Duration::from_secs(86_400 * 365);
         let at = after(now, until)
             .or_else(|| after(now, year))
@@ -19,25 +19,21 @@ impl Pace {
 
     /// Holds every release, first attempts too, until `until` from `now`:
     /// the server said the route's quota is spent until then.
-    pub(in crate::decisions::admission) fn hold_spent_quota(
-        &mut self,
-        now: Instant,
-        until: Duration,
-    ) {
+    pub(crate) fn hold_spent_quota(&mut self, now: Instant, until: Duration) {
         self.hold(now, until);
         let at = after(now, until).or(self.hold);
         self.quota_reset = self.quota_reset.max(at);
     }
 
     /// Holds as long as `other` holds (a route's, folded into its host's).
-    pub(in crate::decisions::admission) fn take_holds_of(&mut self, other: &Pace) {
+    pub(crate) fn take_holds_of(&mut self, other: &Pace) {
         self.hold = self.hold.max(other.hold);
         self.quota_reset = self.quota_reset.max(other.quota_reset);
         self.quiet_since = self.quiet_since.max(other.quiet_since);
     }
 
     /// Whether the route's quota is spent at `now` (its reset to come).
-    pub(in crate::decisions::admission) fn quota_spent(&self, now: Instant) -> bool {
+    pub(crate) fn quota_spent(&self, now: Instant) -> bool {
         self.quota_reset.is_some_and(|r| r > now) && self.hold.is_some()
     }
 }
