@@ -29,7 +29,7 @@ use axum::routing::get;
 use axum::Router;
 use clap::Parser;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_safe_retry::{
     HedgeConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, RetryReportExt,
