@@ -251,7 +251,7 @@ pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 pub use problem::ProblemKind;
 #[cfg(feature = "redis")]
-pub use redis_store::{RedisStore, DEFAULT_REDIS_PREFIX};
+pub use redis_store::{RedisClusterStore, RedisStore, DEFAULT_REDIS_PREFIX};
 pub use store::{
     next_epoch, spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore,
     LeaseToken, ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
