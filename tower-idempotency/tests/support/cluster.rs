@@ -42,8 +42,11 @@ fn free(port: u16) -> bool {
 
 /// Six consecutive free ports (and their bus ports), from a start chosen by
 /// the process id and the time so that test binaries running side by side
-/// look in different places.
+/// look in different places; never ports this process handed out already
+/// (two clusters starting at once in one binary would both find them free).
 fn free_ports() -> Vec<u16> {
+    static TAKEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
     let seed = std::process::id() as u64
         ^ std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -52,7 +55,8 @@ fn free_ports() -> Vec<u16> {
     for attempt in 0..200u64 {
         let base = 20000 + ((seed + attempt * 7919) % 9000) as u16;
         let ports: Vec<u16> = (base..base + 6).collect();
-        if ports.iter().all(|p| free(*p)) {
+        if ports.iter().all(|p| !taken.contains(p) && free(*p)) {
+            taken.extend(&ports);
             return ports;
         }
     }
