@@ -62,15 +62,16 @@ const CLUSTER_MAX_RETRY_WAIT_MS: u64 = 400;
 ///
 /// **What a failover can lose.** A cluster replicates asynchronously: a
 /// master acknowledges a claim or a completion before its replica has
-/// it. If the master dies in that window (milliseconds under normal
-/// load), the promoted replica does not know the key, and a retry of that
-/// request runs its handler again; a completion lost that way leaves the
-/// owner's lease unknown to the new master, so the owner's completion is
-/// refused and the key runs again on its next retry. `WAIT 1 <timeout>` after
-/// each write would close the window for a single failure at the cost of a
-/// replica's round trip per write (two per first request), and a write
-/// still cannot be undone if the replica never acknowledges; this store
-/// does not send it. See the guide's table of deployments.
+/// it. If the master dies in that window (usually under a millisecond),
+/// the promoted replica misses the write: a lost claim means a retry runs
+/// the handler again; a lost completion leaves the record in progress with
+/// an owner that has already answered, and a retry takes it over after
+/// the takeover's two steps and runs again. `WAIT 1 <timeout>` after each
+/// write would close the window for one failure at the cost of a round
+/// trip to a replica per write (two per first request), and would still
+/// not make a write durable if no replica acknowledges; this store does
+/// not send it. The guide (`Stores`) lists the deployments and their
+/// tests.
 #[derive(Clone)]
 pub struct RedisClusterStore {
     pub(super) inner: Shared<ClusterConnection>,
