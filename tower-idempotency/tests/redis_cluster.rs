@@ -17,9 +17,8 @@ use support::cluster::{cli, wait_until, Cluster};
 use support::{app, post, send, spawn_waiting, unique, Harness};
 use tower_idempotency::{ManualClock, RedisClusterStore, RedisStore};
 
-/// A harness on `cluster` under a private prefix.
-async fn harness(cluster: &Cluster) -> Harness {
-    let urls = cluster.urls();
+/// A harness on the cluster at `urls` under a private prefix.
+async fn harness(urls: Vec<String>) -> Harness {
     let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
     let store = RedisClusterStore::connect_volatile(&nodes)
         .await
@@ -56,7 +55,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slot_moved_while_its_request_runs_runs_it_once() {
     let cluster = Arc::new(Cluster::start_async().await);
-    let h = harness(&cluster).await;
+    let h = harness(cluster.urls()).await;
     let (router, state) = app(h.layer());
     let started = state.started.notified();
     let first = spawn_waiting(&router, "moving", "a");
@@ -130,7 +129,8 @@ async fn a_slot_moved_while_its_request_runs_runs_it_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_killed_mid_request_is_replaced_by_its_replica_and_runs_it_once() {
     let cluster = Arc::new(std::sync::Mutex::new(Cluster::start_async().await));
-    let h = harness(&cluster.lock().unwrap()).await;
+    let urls = cluster.lock().unwrap().urls();
+    let h = harness(urls).await;
     let (router, state) = app(h.layer());
     let started = state.started.notified();
     let first = spawn_waiting(&router, "failing", "a");

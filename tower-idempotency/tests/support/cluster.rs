@@ -223,7 +223,7 @@ impl Cluster {
             let mut ends = range.split('-');
             match (ends.next().and_then(|a| a.parse::<u16>().ok()), ends.next()) {
                 (Some(a), None) => a == slot,
-                (Some(a), Some(b)) => b.parse::<u16>().map_or(false, |b| a <= slot && slot <= b),
+                (Some(a), Some(b)) => b.parse::<u16>().is_ok_and(|b| a <= slot && slot <= b),
                 _ => false,
             }
         })
