@@ -173,7 +173,8 @@
 //! `RedisStore` (feature `redis`, off by default) shares them through
 //! Redis, one Lua script per operation on the server's clock; what Redis
 //! loses runs again, so by default it refuses a server without the
-//! append-only file or with an eviction policy.
+//! append-only file or with an eviction policy. `RedisClusterStore` (same
+//! feature) does the same on a Redis Cluster, spread over its masters.
 //!
 //! # Errors
 //!

@@ -124,7 +124,8 @@ where
 
 /// An [`IdempotencyStore`](crate::IdempotencyStore) in Redis (feature
 /// `redis`): replicas of a service share its keys with one round trip per
-/// operation.
+/// operation. It talks to one node; on a Redis Cluster use
+/// [`RedisClusterStore`] (`connect` refuses a cluster's node and says so).
 ///
 /// **What Redis keeps is the guarantee.** A key Redis loses (a restart
 /// without persistence, a failover to a replica that had not received it,
