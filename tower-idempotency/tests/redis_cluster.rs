@@ -210,3 +210,36 @@ async fn a_cluster_that_can_lose_keys_is_refused_by_default() {
     assert!(!err.is_transient(), "retrying cannot help: {text}");
     assert!(RedisClusterStore::connect_volatile(&nodes).await.is_ok());
 }
+
+/// Every node counts, a replica too (a failover makes it the master):
+/// with the append-only file on everywhere the cluster is accepted; with it
+/// off on one replica only, refused, naming that replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_can_lose_keys_is_refused_too() {
+    let cluster = Arc::new(Cluster::start_async().await);
+    let urls = cluster.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let c = cluster.clone();
+    let replica = blocking(move || {
+        for url in c.urls() {
+            let port = url.rsplit(':').next().unwrap().to_owned();
+            let set = cli(
+                port.parse().unwrap(),
+                &["config", "set", "appendonly", "yes"],
+            );
+            assert_eq!(set.trim(), "OK");
+        }
+        c.replica_of(c.masters()[0])
+    })
+    .await;
+    RedisClusterStore::connect(&nodes)
+        .await
+        .expect("every node keeps an append-only file");
+    blocking(move || cli(replica, &["config", "set", "appendonly", "no"])).await;
+    let text = RedisClusterStore::connect(&nodes)
+        .await
+        .expect_err("a replica without AOF was accepted")
+        .to_string();
+    assert!(text.contains(&format!(":{replica}")), "{text}");
+    assert!(text.contains("appendonly"), "{text}");
+}

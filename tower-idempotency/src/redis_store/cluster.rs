@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo};
-use redis::Value;
+use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 
 use crate::store::StoreError;
 
@@ -92,24 +91,15 @@ impl RedisClusterStore {
     /// `noeviction` (a replica is checked too: a failover makes it the
     /// master).
     pub async fn connect(nodes: &[&str]) -> Result<Self, StoreError> {
-        let store = Self::connect_volatile(nodes).await?;
-        store.check_durability().await?;
-        Ok(store)
+        Self::check_durability(nodes).await?;
+        Self::connect_volatile(nodes).await
     }
 
     /// Connects to the cluster at `nodes` whatever it may lose. A key it
     /// loses is a request that runs again: use it where that is
     /// acceptable, or for tests.
     pub async fn connect_volatile(nodes: &[&str]) -> Result<Self, StoreError> {
-        let client = ClusterClient::builder(nodes.iter().copied())
-            .connection_timeout(RESPONSE_TIMEOUT)
-            .response_timeout(RESPONSE_TIMEOUT)
-            .retries(CLUSTER_RETRIES)
-            .min_retry_wait(10)
-            .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
-            .build()
-            .map_err(|e| StoreError::with_source("the Redis Cluster's URLs are not valid", e))?;
-        let conn = client
+        let conn = client(nodes)?
             .get_async_connection()
             .await
             .map_err(redis_err("connecting to the Redis Cluster"))?;
@@ -151,41 +141,99 @@ impl RedisClusterStore {
     }
 
     /// Refuses the cluster if any node, master or replica, may lose keys.
-    async fn check_durability(&self) -> Result<(), StoreError> {
-        let mut conn = self.inner.conn.clone();
-        let mut info = redis::cmd("INFO");
-        info.arg("persistence").arg("memory");
-        let routing = RoutingInfo::MultiNode((
-            MultipleNodeRoutingInfo::AllNodes,
-            Some(ResponsePolicy::Special),
-        ));
-        let answers = conn
-            .route_command(info, routing)
+    /// The cluster client holds connections to masters only (and skips a
+    /// node it has none to), so each node the cluster lists is asked on a
+    /// connection of its own, with the first URL's credentials and TLS.
+    async fn check_durability(nodes: &[&str]) -> Result<(), StoreError> {
+        let first = nodes
+            .first()
+            .ok_or_else(|| StoreError::msg("no Redis Cluster node given"))?;
+        let template = first
+            .into_connection_info()
+            .map_err(|e| StoreError::with_source("the Redis Cluster's URLs are not valid", e))?;
+        let mut conn = client(nodes)?
+            .get_async_connection()
             .await
-            .map_err(redis_err("reading the Redis Cluster's settings"))?;
-        let Value::Map(by_node) = answers else {
-            return Err(StoreError::msg(
-                "the Redis Cluster answered a malformed INFO",
-            ));
-        };
-        for (node, answer) in by_node {
-            let text = match (&node, &answer) {
-                (Value::BulkString(n), Value::BulkString(a)) => (
-                    String::from_utf8_lossy(n).into_owned(),
-                    String::from_utf8_lossy(a).into_owned(),
-                ),
-                (Value::BulkString(n), Value::VerbatimString { text, .. }) => {
-                    (String::from_utf8_lossy(n).into_owned(), text.clone())
+            .map_err(redis_err("connecting to the Redis Cluster"))?;
+        let listed: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err("reading the Redis Cluster's nodes"))?;
+        for (host, port) in listed.lines().filter_map(live_node) {
+            let mut addr = template.addr().clone();
+            match &mut addr {
+                ConnectionAddr::Tcp(h, p)
+                | ConnectionAddr::TcpTls {
+                    host: h, port: p, ..
+                } => {
+                    *h = host.to_owned();
+                    *p = port;
                 }
-                _ => {
-                    return Err(StoreError::msg(
-                        "the Redis Cluster answered a malformed INFO",
-                    ))
-                }
-            };
-            check_durability(&text.1, "RedisClusterStore::connect_volatile")
-                .map_err(|e| StoreError::msg(format!("node {}: {e}", text.0)))?;
+                _ => return Err(StoreError::msg("a Redis Cluster is reached over TCP")),
+            }
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(RESPONSE_TIMEOUT))
+                .set_response_timeout(Some(RESPONSE_TIMEOUT));
+            let mut node = redis::Client::open(template.clone().set_addr(addr))
+                .map_err(|e| StoreError::with_source("a Redis Cluster node's address", e))?
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(redis_err("connecting to a Redis Cluster node"))?;
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .arg("memory")
+                .query_async(&mut node)
+                .await
+                .map_err(redis_err("reading a Redis Cluster node's settings"))?;
+            check_durability(&info, "RedisClusterStore::connect_volatile")
+                .map_err(|e| StoreError::msg(format!("node {host}:{port}: {e}")))?;
         }
         Ok(())
+    }
+}
+
+/// The address of a node from its line of `CLUSTER NODES`
+/// (`<id> <host>:<port>@<bus>[,<hostname>] <flags> …`), unless it is failed
+/// or not yet part of the cluster.
+fn live_node(line: &str) -> Option<(&str, u16)> {
+    let mut fields = line.split_whitespace();
+    let addr = fields.nth(1)?;
+    let flags = fields.next()?;
+    if flags
+        .split(',')
+        .any(|f| matches!(f, "fail" | "noaddr" | "handshake"))
+    {
+        return None;
+    }
+    let (host, port) = addr.split(['@', ',']).next()?.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
+}
+
+/// The cluster client of the nodes at `nodes`.
+fn client(nodes: &[&str]) -> Result<ClusterClient, StoreError> {
+    ClusterClient::builder(nodes.iter().copied())
+        .connection_timeout(RESPONSE_TIMEOUT)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(CLUSTER_MAX_RETRY_WAIT_MS)
+        .build()
+        .map_err(|e| StoreError::with_source("the Redis Cluster's URLs are not valid", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::live_node;
+
+    #[test]
+    fn a_live_node_is_read_from_its_line_and_a_failed_one_skipped() {
+        let line = "07c3 127.0.0.1:30004@31004,host-4 slave e7d1 0 1426238317239 4 connected";
+        assert_eq!(live_node(line), Some(("127.0.0.1", 30004)));
+        let line = "e7d1 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5460";
+        assert_eq!(live_node(line), Some(("127.0.0.1", 30001)));
+        let line = "6ec2 127.0.0.1:30002@31002 master,fail - 1426238316232 0 2 disconnected";
+        assert_eq!(live_node(line), None);
+        assert_eq!(live_node("garbage"), None);
     }
 }
