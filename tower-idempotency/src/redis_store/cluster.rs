@@ -29,7 +29,7 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, IntoConnectionInfo};
 use crate::store::StoreError;
 
 use super::keys::Layout;
-use super::{check_durability, redis_err, Shared, RESPONSE_TIMEOUT};
+use super::shared::{check_durability, redis_err, Shared, RESPONSE_TIMEOUT};
 
 /// How often one store call is sent again after a redirection (`MOVED`,
 /// `ASK`), `TRYAGAIN` during a slot's migration, or a node that stopped

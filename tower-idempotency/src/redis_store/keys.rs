@@ -27,6 +27,10 @@ use std::sync::Arc;
 
 use crate::store::StoreError;
 
+/// The prefix of every key the store writes, unless
+/// [`RedisStore::with_prefix`](super::RedisStore::with_prefix) sets another.
+pub const DEFAULT_REDIS_PREFIX: &str = "idempotency";
+
 /// How many buckets a cluster store's keys are spread over (see the
 /// module's documentation; part of the stored format).
 pub(super) const BUCKETS: u16 = 64;

@@ -16,111 +16,26 @@
 //! server and timed by the server's clock; this file connects to one node
 //! and checks what the server may lose, `cluster.rs` connects to a
 //! cluster, `keys.rs` names the records (one slot per script on a
-//! cluster), and `ops.rs` implements the store trait with the scripts for
-//! both.
+//! cluster), `shared.rs` holds what both stores share, and `ops.rs`
+//! implements the store trait with the scripts for both.
 
 mod cluster;
 mod keys;
 mod ops;
 mod scripts;
+mod shared;
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use crate::store::{spawn_sweep, IdempotencyStore, StoreError, SweepSchedule};
+use crate::store::StoreError;
 
 pub use cluster::RedisClusterStore;
-use keys::{Keys, Layout};
-
-/// The prefix of every key the store writes, unless
-/// [`RedisStore::with_prefix`] sets another.
-pub const DEFAULT_REDIS_PREFIX: &str = "idempotency";
-
-/// How long one store call may wait for Redis before it fails (and the
-/// layer answers `503`, or tries again where it does): a cut connection
-/// must not hang a request.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How often a store sweeps by itself unless told otherwise.
-const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(300);
-
-/// Records a sweep looks at per script call: each call is short, so Redis
-/// serves other clients between two.
-const SWEEP_BATCH: usize = 1000;
-
-/// The scripts, loaded once per store (and again by Redis-rs after a
-/// restart of the server: `NOSCRIPT` makes it load them again).
-struct Scripts {
-    claim: Script,
-    lookup: Script,
-    complete: Script,
-    extend: Script,
-    release: Script,
-    sweep: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Self {
-            claim: Script::new(&scripts::claim()),
-            lookup: Script::new(&scripts::lookup()),
-            complete: Script::new(scripts::COMPLETE),
-            extend: Script::new(&scripts::extend()),
-            release: Script::new(scripts::RELEASE),
-            sweep: Script::new(&scripts::sweep()),
-        }
-    }
-}
-
-/// What a store on one node and one on a cluster share: a connection
-/// (`C`), the names of its keys, its scripts and its sweep schedule.
-/// `ops.rs` implements the store trait on it once for both.
-#[derive(Clone)]
-struct Shared<C> {
-    conn: C,
-    keys: Keys,
-    scripts: Arc<Scripts>,
-    /// When a claim starts the next sweep, shared by the store's clones.
-    sweep: Arc<SweepSchedule>,
-}
-
-impl<C> Shared<C>
-where
-    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
-{
-    fn new(conn: C, layout: Layout) -> Self {
-        Self {
-            conn,
-            keys: Keys::new(DEFAULT_REDIS_PREFIX, layout),
-            scripts: Arc::new(Scripts::new()),
-            sweep: Arc::new(SweepSchedule::new(Some(DEFAULT_SWEEP_EVERY), Duration::MAX)),
-        }
-    }
-
-    fn sweep_every(mut self, every: Option<Duration>) -> Self {
-        self.sweep = Arc::new(SweepSchedule::new(every, Duration::MAX));
-        self
-    }
-
-    fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
-        self.keys = self.keys.with_prefix(prefix)?;
-        Ok(self)
-    }
-
-    /// Starts a sweep in a task of its own if one is due.
-    fn maybe_sweep(&self)
-    where
-        Self: IdempotencyStore,
-    {
-        if self.sweep.due() {
-            spawn_sweep(self.clone());
-        }
-    }
-}
+use keys::Layout;
+pub use keys::DEFAULT_REDIS_PREFIX;
+use shared::{check_durability, info_field, redis_err, Shared, RESPONSE_TIMEOUT};
 
 /// An [`IdempotencyStore`](crate::IdempotencyStore) in Redis (feature
 /// `redis`): replicas of a service share its keys with one round trip per
@@ -257,34 +172,6 @@ impl RedisStore {
     }
 }
 
-/// The value of `name` in an `INFO` answer.
-fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
-    info.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-        .map(str::trim)
-}
-
-/// Refuses a server whose `INFO persistence memory` says it may lose keys;
-/// `volatile` names the constructor that accepts one.
-fn check_durability(info: &str, volatile: &str) -> Result<(), StoreError> {
-    if info_field(info, "aof_enabled") != Some("1") {
-        return Err(StoreError::msg(format!(
-            "this Redis keeps no append-only file (appendonly no): a restart would lose \
-             keys, and their requests would run again. Turn AOF on, or use \
-             {volatile} if that is acceptable",
-        )));
-    }
-    match info_field(info, "maxmemory_policy") {
-        Some("noeviction") => Ok(()),
-        policy => Err(StoreError::msg(format!(
-            "this Redis may evict keys (maxmemory-policy {}): an evicted key's request \
-             would run again. Set maxmemory-policy noeviction, or use \
-             {volatile} if that is acceptable",
-            policy.unwrap_or("unknown")
-        ))),
-    }
-}
-
 /// Refuses a node of a cluster: a script there fails with `CROSSSLOT` or
 /// `MOVED`. One `INFO cluster`, at connection.
 async fn refuse_a_cluster_node(conn: &mut ConnectionManager) -> Result<(), StoreError> {
@@ -300,27 +187,4 @@ async fn refuse_a_cluster_node(conn: &mut ConnectionManager) -> Result<(), Store
         ));
     }
     Ok(())
-}
-
-/// Maps a Redis error to a store error: transient when the server may
-/// answer later (a lost or timed-out connection, a server loading, a
-/// failover under way, out of memory), permanent when the request itself
-/// is wrong.
-fn redis_err(context: &'static str) -> impl Fn(RedisError) -> StoreError {
-    move |err| {
-        let permanent = matches!(
-            err.kind(),
-            ErrorKind::Parse
-                | ErrorKind::UnexpectedReturnType
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::AuthenticationFailed
-                | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
-        );
-        let error = StoreError::with_source(context, err);
-        if permanent {
-            error
-        } else {
-            error.transient()
-        }
-    }
 }

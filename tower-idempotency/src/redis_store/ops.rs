@@ -11,7 +11,8 @@ use crate::store::{
     IdempotencyStore, LeaseToken, StoreError, StoredResponse,
 };
 
-use super::{redis_err, RedisClusterStore, RedisStore, Shared, SWEEP_BATCH};
+use super::shared::{redis_err, Shared, SWEEP_BATCH};
+use super::{RedisClusterStore, RedisStore};
 
 /// Milliseconds, at least 1, for a script (durations past a century mean
 /// "never" and are capped there, as the other stores cap them).
