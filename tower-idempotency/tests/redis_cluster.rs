@@ -163,14 +163,22 @@ async fn a_master_killed_mid_request_is_replaced_by_its_replica_and_runs_it_once
     let slot = slot_of(&h, &cluster.lock().unwrap(), "failing");
 
     // The claim reached the replica (replication is asynchronous: see the
-    // guide for what a failover loses when it had not), then the master
-    // crashes and the replica takes over its slots.
+    // guide for what a failover loses when it had not; this test once
+    // killed the master first, and the promoted replica knew nothing of
+    // the key), then the master crashes and the replica takes over its
+    // slots.
     let c = cluster.clone();
     let replica = blocking(move || {
         let mut c = c.lock().unwrap();
         let master = c.master_of(slot);
         let replica = c.replica_of(master);
-        assert_eq!(cli(master, &["wait", "1", "2000"]).trim(), "1");
+        let s = slot.to_string();
+        assert_eq!(cli(master, &["cluster", "countkeysinslot", &s]).trim(), "3");
+        wait_until(
+            Duration::from_secs(10),
+            "the replica never had the claim",
+            || cli(replica, &["cluster", "countkeysinslot", &s]).trim() == "3",
+        );
         c.kill(master);
         wait_until(
             Duration::from_secs(30),
@@ -181,11 +189,11 @@ async fn a_master_killed_mid_request_is_replaced_by_its_replica_and_runs_it_once
         replica
     })
     .await;
+    let count = blocking(move || cli(replica, &["cluster", "countkeysinslot", &slot.to_string()]));
     assert_eq!(
-        blocking(move || cli(replica, &["cluster", "countkeysinslot", &slot.to_string()]))
-            .await
-            .trim(),
-        "3"
+        count.await.trim(),
+        "3",
+        "the promoted replica has the claim"
     );
 
     // The store finds the new master: a duplicate is told to wait.
