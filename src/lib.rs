@@ -3,7 +3,7 @@
 //! This page is the reference; the long form, one page per topic, is the
 //! guide ([`_guide`]).
 //!
-//! `reqwest-safe-retry` is a [`reqwest_middleware`] middleware. Add it to a
+//! `reqwest-safe-retry` is a [`reqwest_middleware`](https://docs.rs/reqwest-middleware/0.5) middleware. Add it to a
 //! client and every call gains, with no other change to your code:
 //!
 //! - one **Idempotency-Key** per logical operation, reused on every attempt,
@@ -61,7 +61,8 @@
 //! `reqwest` and `reqwest-middleware` must be the versions this crate is
 //! built against (above); otherwise `.with(..)` fails with E0277 and
 //! `retry_report()` with E0599. The crate re-exports both
-//! ([`reqwest`], [`reqwest_middleware`]).
+//! ([`reqwest`](https://docs.rs/reqwest/0.13),
+//! [`reqwest_middleware`](https://docs.rs/reqwest-middleware/0.5)).
 //!
 //! The same engine retries anything async — a database reconnect, an RPC —
 //! with [`retry`].
@@ -107,13 +108,14 @@
 //!
 //! # Cargo features
 //!
-//! - `default-tls` (default): reqwest's own default TLS, so the re-exported
-//!   [`reqwest`] calls https as a plain `reqwest = "0.13"`
-//!   does. Without it (and without TLS from your own reqwest dependency)
-//!   an https URL fails with `invalid URL, scheme is not http`.
+//! None is on by default: the TLS stack is your application's choice,
+//! made by its own reqwest dependency (a plain `reqwest = "0.13"` brings
+//! reqwest's default TLS; the one reqwest in the tree serves both).
+//!
+//! - `default-tls`: reqwest's own default TLS for the re-exported
+//!   [`reqwest`](https://docs.rs/reqwest/0.13), for an application whose reqwest has none. Without
+//!   any TLS an https URL fails with `invalid URL, scheme is not http`.
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
-//! - `vdso-keys` (default): generated keys drawn through the vDSO on Linux
-//!   ≥ 6.11, no system call per key.
 //! - `metrics`: every counter of [`Metrics`], the attempts-per-call
 //!   histogram and OpenTelemetry's `http.client.request.duration` are also
 //!   published through the [`metrics`](https://docs.rs/metrics) facade,
@@ -129,6 +131,18 @@
 /// The guide: the long form of the README, one page per topic, rendered
 /// here (the same pages are `docs/` in the repository, where `cargo test`
 /// compiles every snippet in them). Documentation only, no items.
+///
+/// In reading order (the list below this one is rustdoc's, alphabetical):
+///
+/// 1. [`using`](_guide::using): start here — versions, retry admission, per-request
+///    options and the report, the defaults and every knob.
+/// 2. [`migrating`](_guide::migrating): coming from reqwest-retry.
+/// 3. [`production`](_guide::production): replicas, hedging, other retry layers, a stack of
+///    services.
+/// 4. [`observability`](_guide::observability): the report, tracing and metrics.
+/// 5. [`testing`](_guide::testing): testing code that retries.
+/// 6. [`call`](_guide::call): the `call` command and the payments demo.
+/// 7. [`layout`](_guide::layout): the repository's layout, for contributors.
 // Rendered by `cargo doc`; `cargo test --doc` (which sets `doc` too)
 // compiles the pages through `GuideDoctests`, with the dependencies
 // their examples use.

@@ -278,8 +278,8 @@ fn middleware(c: &mut Criterion) {
     group.finish();
 }
 
-/// A fresh key: the vDSO draw the crate uses against a `getrandom` system
-/// call per key (`uuid`'s `new_v4`), formatted the same way.
+/// A fresh key as the crate makes it (one `getrandom` system call, then
+/// its text) against `uuid`'s own `new_v4` formatted by `uuid`.
 fn key_generation(c: &mut Criterion) {
     let mut group = c.benchmark_group("key_generation");
     group.bench_function("idempotency_key_generate_v4", |b| {

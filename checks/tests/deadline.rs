@@ -262,3 +262,35 @@ async fn zero_request_limits_are_ignored() {
     let report = response.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.attempts(), 3);
 }
+
+/// A caller's own per-request deadline is a budget to use: shorter than
+/// the policy's minimum attempt window, it still sends its first attempt,
+/// with the time left as its timeout, and the call completes (issue 51:
+/// a 50 ms deadline to a service answering in 2 ms was refused unsent).
+/// The window still guards the retry: a 503 within such a deadline is
+/// not tried again.
+#[tokio::test]
+async fn a_callers_own_deadline_under_the_window_sends_its_first_attempt() {
+    let ok = support::answering_with(ResponseTemplate::new(200)).await;
+    let down = always_503().await;
+    let clock = ManualClock::new();
+    let (c, recorder) = client(policy(&clock).min_attempt_window(ms(100)).build().unwrap());
+    let own = || RequestOptions::new().deadline(ms(50));
+    let response = c.get(ok.uri()).with_extension(own()).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.attempts(), 1);
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!(recorder.timeouts(), [Some(ms(50))], "within its deadline");
+    let response = c
+        .get(down.uri())
+        .with_extension(own())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503, "the answer, unchanged");
+    let report = response.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(report.attempts(), 1, "no retry without the window");
+    assert_eq!(report.stop_reason(), StopReason::Deadline);
+    assert!(clock.sleeps().is_empty(), "nothing slept");
+}

@@ -10,14 +10,18 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
-    HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind, RetryMiddleware,
-    RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest, Route,
-    TokenBucketConfig,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, BodySource, Grant,
+    GrantSource, HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind,
+    RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest,
+    Route, TokenBucketConfig,
 };
 use tokio::time::Instant;
 
 const MS: Duration = Duration::from_millis(1);
+
+/// The scripted "status" of a request that fails below the retry layer
+/// with an error (a middleware's), before any answer of the host.
+const LOCAL_ERROR: u16 = 0;
 
 /// What the server saw of one request.
 #[derive(Debug, Clone)]
@@ -109,6 +113,10 @@ impl Middleware for Server {
         };
         tokio::time::sleep(latency).await;
         self.seen.lock().unwrap()[guard.index].answered = Some(true);
+        if status == LOCAL_ERROR {
+            let error = std::io::Error::other("failed below the retry layer");
+            return Err(reqwest_middleware::Error::middleware(error));
+        }
         let mut response = http::Response::builder().status(status);
         if status == 429 {
             response = response.header("retry-after", "2");
@@ -240,6 +248,133 @@ async fn a_transient_failure_of_one_copy_waits_for_the_other() {
     let rep = report(&r);
     assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
     assert_eq!(server.count(), 104, "no retry was needed");
+}
+
+/// A hedge that fails on its own side (an error, not an answer of the host)
+/// drops out: it is never the call's verdict, and never a win.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_that_fails_locally_is_never_the_verdict_nor_a_win() {
+    let server = Server::new(2 * MS);
+    let policy = builder()
+        .hedge(HedgeConfig::default())
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let client = client(policy.clone(), &server);
+    warm(&client, 100).await;
+    // The hedge fails at once; the first copy answers at 30 ms.
+    server.then(&[(30 * MS, 200), (MS, LOCAL_ERROR)]);
+    let start = Instant::now();
+    let r = client.get("http://svc.test/a").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(start.elapsed(), 30 * MS, "the first copy was awaited");
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    // The first copy fails transiently at 10 ms, the hedge then fails at
+    // ~2.2 + 20 ms: the first copy's answer is the call's.
+    server.then(&[(10 * MS, 503), (20 * MS, LOCAL_ERROR)]);
+    let r = client.get("http://svc.test/b").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let rep = report(&r);
+    assert_eq!((rep.attempts(), rep.hedges(), rep.hedge_wins()), (1, 1, 0));
+    let m = policy.metrics().snapshot();
+    assert_eq!((m.hedges, m.hedge_wins), (2, 0));
+}
+
+/// A body made by a [`BodySource`] is made for a hedge only when the hedge
+/// is sent: a file is not opened for a copy that never goes.
+#[tokio::test(start_paused = true)]
+async fn a_body_source_makes_a_hedges_body_only_when_the_hedge_is_sent() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let server = Server::new(2 * MS);
+    let cfg = HedgeConfig {
+        idempotent_methods: true,
+        ..HedgeConfig::default()
+    };
+    let client = client(builder().hedge(cfg).build().unwrap(), &server);
+    warm(&client, 100).await;
+    let made = Arc::new(AtomicUsize::new(0));
+    let count = made.clone();
+    let source = BodySource::new(move || {
+        count.fetch_add(1, SeqCst);
+        let chunk = Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"doc"));
+        reqwest::Body::wrap_stream(futures_util::stream::iter([chunk]))
+    });
+    // Answered before the hedge delay: no hedge, one body made.
+    server.then(&[(MS, 200)]);
+    let put = || {
+        client
+            .put("http://svc.test/doc")
+            .with_extension(source.clone())
+    };
+    let r = put().send().await.unwrap();
+    assert_eq!(report(&r).hedges(), 0);
+    assert_eq!(made.load(SeqCst), 1);
+    // Slow: the hedge is sent, with a body of its own.
+    server.then(&[(300 * MS, 200)]);
+    let r = put().send().await.unwrap();
+    let rep = report(&r);
+    assert_eq!((rep.hedges(), rep.hedge_wins()), (1, 1));
+    assert_eq!(made.load(SeqCst), 3);
+}
+
+/// 600 GETs, one every 10 ms, each first copy failing (503 after 10 ms)
+/// and, when `hedged`, each hedge answering 200 at once, under a circuit
+/// breaker: how many the breaker refused.
+async fn refused_by_the_breaker(hedged: bool) -> usize {
+    let server = Server::new(2 * MS);
+    // Every first copy is slow: capped, the hedge delay stays below it.
+    let cfg = HedgeConfig {
+        max_extra_load: 1.0,
+        max_delay: 5 * MS,
+        ..HedgeConfig::default()
+    };
+    let policy = builder()
+        .hedge(cfg)
+        .no_budget()
+        .max_attempts(1)
+        .circuit_breaker(reqwest_safe_retry::CircuitBreakerConfig::default())
+        .build()
+        .unwrap();
+    let client = client(policy, &server);
+    warm(&client, 100).await;
+    let options = if hedged {
+        RequestOptions::new()
+    } else {
+        RequestOptions::new().no_hedge()
+    };
+    let mut refused = 0;
+    for i in 0..600 {
+        server.script.lock().unwrap().clear();
+        server.then(&[(10 * MS, 503), (MS, 200)]);
+        let slot = reqwest_safe_retry::ReportSlot::new();
+        let answer = client
+            .get("http://svc.test/flaky")
+            .with_extension(options.clone())
+            .with_extension(slot.clone())
+            .send()
+            .await;
+        let report = slot.take().unwrap();
+        match report.stop_reason() {
+            reqwest_safe_retry::StopReason::CircuitOpen => refused += 1,
+            _ if hedged => {
+                assert_eq!(answer.unwrap().status(), 200, "call {i}: {report:?}");
+                assert_eq!((report.hedges(), report.hedge_wins()), (1, 1));
+            }
+            _ => {}
+        }
+        tokio::time::sleep(10 * MS).await;
+    }
+    refused
+}
+
+/// The breaker counts the answer the hedge race returned: a host whose
+/// first copies fail but whose hedges succeed is accepting, and is never
+/// refused; the same host, unhedged, is.
+#[tokio::test(start_paused = true)]
+async fn the_breaker_counts_the_answer_the_hedge_race_returned() {
+    assert_eq!(refused_by_the_breaker(true).await, 0);
+    assert!(refused_by_the_breaker(false).await > 0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,6 @@
 //! The crates' `src/` folders are floors: read from their `use` lines, no
-//! file imports one that imports it back, and no floor of the client
-//! reaches up to a floor above it.
+//! file imports one that imports it back, and no floor of either crate
+//! (the client, `tower-idempotency`) reaches up to a floor above it.
 //!
 //! The graph is read from the source text, not from the compiler: every
 //! path that starts at `crate`, `self`, `super` or a child module, in a
@@ -10,7 +10,7 @@
 //! re-exporting its own children, and `lib.rs`, the crate's face, draw no
 //! arrow; unit tests (`#[cfg(test)]` items) are left out.
 //!
-//! Each floor of the client says what it may use on a line of its module
+//! Each floor says what it may use on a line of its module
 //! docs, `//! May use: `a`, `b`.`; the test reads those lines, so the docs
 //! and the rule cannot drift apart. See the graph:
 //! `cargo test -p reqwest-safe-retry-checks --test layers -- --nocapture`.
@@ -570,7 +570,7 @@ fn crate_root(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(name)
 }
 
-/// The client's floors, read from the `May use:` lines of its top-level
+/// A crate's floors, read from the `May use:` lines of its top-level
 /// modules: floor → the floors it may use.
 fn floors(krate: &Crate) -> BTreeMap<String, BTreeSet<String>> {
     krate
@@ -717,7 +717,21 @@ fn no_example_file_is_over_450_lines_and_each_folder_file_says_what_it_holds() {
 
 #[test]
 fn no_floor_of_the_client_reaches_up() {
-    let krate = Crate::read(&crate_root("."));
+    assert_no_floor_reaches_up(".");
+}
+
+/// The server crate in floors: the store's vocabulary (`store`), the three
+/// stores on it, the request path above them, the layer and its builder
+/// on top.
+#[test]
+fn no_floor_of_the_server_crate_reaches_up() {
+    assert_no_floor_reaches_up("tower-idempotency");
+}
+
+/// Fails, naming them, on the imports of the crate in folder `root` that
+/// reach a floor its importer's `May use:` line does not name.
+fn assert_no_floor_reaches_up(root: &str) {
+    let krate = Crate::read(&crate_root(root));
     let floors = floors(&krate);
     // The floors' own order has no circle either: a floor may not use one
     // that may use it.
@@ -733,7 +747,7 @@ fn no_floor_of_the_client_reaches_up() {
         for b in below {
             assert!(
                 floors.contains_key(b),
-                "src/{floor}: `May use:` names `{b}`, which is no floor"
+                "{root}/src/{floor}: `May use:` names `{b}`, which is no floor"
             );
         }
     }
@@ -750,7 +764,7 @@ fn no_floor_of_the_client_reaches_up() {
     }
     assert!(
         upward.is_empty(),
-        "imports of a floor not named in the importer's `May use:` line: {upward:#?}"
+        "{root}: imports of a floor not named in the importer's `May use:` line: {upward:#?}"
     );
 }
 

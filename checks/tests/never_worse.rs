@@ -23,6 +23,10 @@
 //! 501/409/413/425, slow answers). `cargo test` runs 24 generated cases;
 //! `NEVER_WORSE_CASES=2000 cargo test -p reqwest-safe-retry-checks --test
 //! never_worse -- --nocapture` is the long run quoted in BENCHMARKS.md.
+//! [`tenants`] adds generated scripts with two or three tenants through
+//! one client, separately named limits beside an unlimited route and
+//! hedging on, judged by a narrower rule: later than reqwest-retry only
+//! where the server told that caller, on that route, to wait.
 //! Transport errors (a reset, a refused connection) are not scripted here:
 //! a real socket under a paused clock lets tokio jump the clock while the
 //! socket is pending; `from_reqwest_retry.rs` and `classification.rs` run
@@ -46,6 +50,8 @@ use tokio::time::Instant;
 
 #[path = "never_worse/dead_address.rs"]
 mod dead_address;
+#[path = "never_worse/tenants.rs"]
+mod tenants;
 
 /// The slack the issue allows on every call.
 const SLACK: Duration = Duration::from_millis(100);
@@ -372,10 +378,14 @@ fn ours(host: &Host, seed: u64) -> ClientWithMiddleware {
         .build()
 }
 
+/// reqwest-retry's policy as its users run it.
+fn theirs_policy() -> ExponentialBackoff {
+    ExponentialBackoff::builder().build_with_max_retries(ATTEMPTS - 1)
+}
+
 fn theirs(host: &Host) -> ClientWithMiddleware {
-    let policy = ExponentialBackoff::builder().build_with_max_retries(ATTEMPTS - 1);
     ClientBuilder::new(reqwest::Client::new())
-        .with(RetryTransientMiddleware::new_with_policy(policy))
+        .with(RetryTransientMiddleware::new_with_policy(theirs_policy()))
         .with(host.clone())
         .build()
 }
@@ -421,6 +431,12 @@ enum Excuse {
     /// through at three times the load; here they wait or end
     /// `budget_exhausted`.
     RetryBudgetInAnOutage,
+    /// The tenant scripts' narrow rule ([`tenants`]): the server told the
+    /// call's caller, on the call's route (or on a route of the same
+    /// policy, where one named policy covers both), to wait (a 429, a 503
+    /// with Retry-After, a spent quota), and the call waited for that
+    /// rate. Nothing another caller or another route's policy was told.
+    ToldThatCallerOnThatRoute,
 }
 
 /// Whether, by `until`, two of the host's paths were throttled (a 429, or

@@ -225,3 +225,51 @@ fn only_the_files_a_user_builds_count_as_shipped() {
         assert!(!shipped(dropped), "{dropped}");
     }
 }
+
+/// Issue 55: the library's default features decide nothing for the
+/// application. Built as a dependency with its defaults, it brings no TLS
+/// stack (a middleware leaves TLS to the app's own reqwest, as
+/// reqwest-retry does) and no crate of `unsafe` code drawn from outside
+/// the ecosystem's well-kept ones (`vdso-rng`, `syscalls`, `lamlock`
+/// came with the old `vdso-keys` default).
+#[test]
+fn the_default_features_choose_no_tls_and_no_unvetted_unsafe() {
+    for package in ["reqwest-safe-retry", "tower-idempotency", "idempotency-key"] {
+        let tree = cargo(&[
+            "tree", "--locked", "-e", "normal", "-p", package, "--prefix", "none",
+        ]);
+        for unwanted in [
+            "rustls",
+            "aws-lc",
+            "native-tls",
+            "openssl",
+            "vdso-rng",
+            "syscalls",
+            "lamlock",
+        ] {
+            let found: Vec<&str> = tree.lines().filter(|l| l.starts_with(unwanted)).collect();
+            assert!(found.is_empty(), "{package}'s defaults bring {found:?}");
+        }
+    }
+}
+
+/// Issue 55: one version of each dependency in each published crate's
+/// tree (`cargo tree -d`, its default features), where the ecosystem
+/// allows: `syn` 2 beside 3 is proc macros of the ecosystem's
+/// (tracing-attributes is on syn 2), built, never linked. With the
+/// `postgres` feature the remaining pairs (getrandom 0.2, hashbrown 0.15
+/// beside 0.17) are all inside sqlx 0.8's own tree.
+#[test]
+fn each_published_crate_has_one_version_of_each_dependency() {
+    for package in ["reqwest-safe-retry", "tower-idempotency", "idempotency-key"] {
+        let tree = cargo(&[
+            "tree", "--locked", "-d", "-e", "normal", "-p", package, "--depth", "0", "--prefix",
+            "none",
+        ]);
+        let twice: Vec<&str> = tree
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("syn v"))
+            .collect();
+        assert!(twice.is_empty(), "{package}: two versions of {twice:?}");
+    }
+}

@@ -2,7 +2,8 @@
 //! as it is sent, up to the per-call limit and within the client-wide cap,
 //! and a retry sends the same bytes with the same key; a body that outgrows
 //! the limit is sent once and the call is committed; a [`BodySource`]
-//! makes the body afresh for each attempt, at any size.
+//! makes the body afresh for each attempt, at any size. A hedge whose
+//! body can no longer follow the first copy's costs only the hedge.
 
 mod support;
 
@@ -16,11 +17,12 @@ use http_body_util::BodyExt;
 use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use reqwest_safe_retry::{
-    BodySource, HedgeConfig, ManualClock, RetryMiddleware, RetryPolicy, RetryReport,
-    RetryReportExt, StopReason,
+    BodySource, BoxFuture, HedgeConfig, ManualClock, RetryMiddleware, RetryPolicy, RetryReport,
+    RetryReportExt, Sleeper, StopReason,
 };
 use support::uploads::{upload_server, Plan, Upload};
 use support::{client, policy};
+use tokio::sync::watch;
 
 const MIB: usize = 1 << 20;
 const CHUNK: usize = 64 * 1024;
@@ -348,4 +350,198 @@ async fn an_unkeyed_post_stream_is_resent_only_when_it_never_arrived_and_is_not_
     assert_eq!(uploads.all().len(), 1);
     assert_eq!(checksum(&uploads.all()[0].body), checksum(&data));
     assert_eq!(p.replay_bytes_peak(), 0, "an unkeyed POST keeps nothing");
+}
+
+/// `bytes` as a caller's producer streams them: 64 KiB every 5 ms, with no
+/// length given; `given` counts the chunks handed out. With `hold`, the
+/// stream waits after chunk `hold.0` until `hold.1` has seen two PUTs (the
+/// hedge has gone out), so the hedge is sent before the chunks that
+/// follow, however slow the machine is.
+fn paced(
+    bytes: &[u8],
+    given: watch::Sender<usize>,
+    hold: Option<(usize, watch::Receiver<usize>)>,
+) -> reqwest::Body {
+    let chunks: Vec<Bytes> = bytes.chunks(CHUNK).map(Bytes::copy_from_slice).collect();
+    let stream = futures_util::stream::unfold(
+        (chunks.into_iter(), given, hold, 0usize),
+        |(mut chunks, given, mut hold, n)| async move {
+            let chunk = chunks.next()?;
+            if n > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if let Some((_, puts)) = hold.as_mut().filter(|(at, _)| *at == n) {
+                // A bound, not a timing: the test fails (no hedge) rather
+                // than hangs if the hedge never goes out.
+                let out = puts.wait_for(|sent| *sent >= 2);
+                let _ = tokio::time::timeout(Duration::from_secs(30), out).await;
+            }
+            given.send_replace(n + 1);
+            Some((Ok::<_, std::io::Error>(chunk), (chunks, given, hold, n + 1)))
+        },
+    );
+    reqwest::Body::wrap_stream(stream)
+}
+
+/// Below the retry middleware: counts the PUTs sent (a hedge included).
+#[derive(Clone)]
+struct CountPuts(Arc<watch::Sender<usize>>);
+
+#[async_trait::async_trait]
+impl Middleware for CountPuts {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        if req.method() == Method::PUT {
+            self.0.send_modify(|n| *n += 1);
+        }
+        next.run(req, extensions).await
+    }
+}
+
+/// A sleeper whose every sleep ends once the paced stream has handed out
+/// `at` chunks: the hedge goes out at a chosen point of the upload, however
+/// fast the machine is (the hedge delay is the only sleep of these calls).
+struct AtChunk {
+    given: watch::Receiver<usize>,
+    at: usize,
+}
+
+impl Sleeper for AtChunk {
+    fn sleep(&self, _: Duration) -> BoxFuture<()> {
+        let (mut given, at) = (self.given.clone(), self.at);
+        Box::pin(async move {
+            let _ = given.wait_for(|n| *n >= at).await;
+        })
+    }
+}
+
+/// A streamed PUT of `len` bytes, paced, on a policy that hedges
+/// idempotent methods, to a host warmed so that a hedge goes out once the
+/// stream has handed out `hedge_at` chunks (and, when `wait`, the stream
+/// gives no more until the hedge is out); `limits` are the replay limit
+/// and cap. The answer's status, the report, the PUTs the server read,
+/// and the policy.
+async fn hedged_upload(
+    len: usize,
+    limits: (usize, usize),
+    hedge_at: usize,
+    wait: bool,
+) -> (Option<u16>, RetryReport, Vec<Upload>, RetryPolicy) {
+    let data = payload(len);
+    let (addr, uploads) = upload_server(vec![Plan::Answer(200)]).await;
+    let (given, seen) = watch::channel(0);
+    let (puts, sent) = watch::channel(0);
+    let hedging = HedgeConfig {
+        min_samples: 5,
+        max_extra_load: 1.0,
+        idempotent_methods: true,
+        ..HedgeConfig::default()
+    };
+    let p = RetryPolicy::builder()
+        .seed(7)
+        .hedge(hedging)
+        .body_replay_limit(limits.0)
+        .body_replay_cap(limits.1)
+        .sleeper(AtChunk {
+            given: seen,
+            at: hedge_at,
+        })
+        .build()
+        .unwrap();
+    let c = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(p.clone()))
+        .with(CountPuts(Arc::new(puts)))
+        .build();
+    for _ in 0..5 {
+        let r = c.get(format!("http://{addr}/warm")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let slot = reqwest_safe_retry::ReportSlot::new();
+    let status = c
+        .put(format!("http://{addr}/upload"))
+        .with_extension(slot.clone())
+        .body(paced(&data, given, wait.then_some((hedge_at, sent))))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status().as_u16());
+    let report = slot.take().expect("the middleware fills the slot");
+    let puts: Vec<Upload> = uploads
+        .all()
+        .into_iter()
+        .filter(|u| u.method == "PUT")
+        .collect();
+    let whole = complete(&puts);
+    assert_eq!(whole.len(), 1, "one complete body: {:?}", sizes(&puts));
+    assert_eq!(whole[0].body.len(), len);
+    assert_eq!(checksum(&whole[0].body), checksum(&data));
+    (status, report, puts, p)
+}
+
+/// Each upload's size and whether it was read whole.
+fn sizes(uploads: &[Upload]) -> Vec<(usize, bool)> {
+    uploads.iter().map(|u| (u.body.len(), u.complete)).collect()
+}
+
+/// Sent before the body outgrew the buffer, the hedge follows the first
+/// copy until the buffer lets go of the body's start; then it drops out,
+/// and the first copy, which reads the caller's stream, goes on.
+#[tokio::test]
+async fn a_hedge_that_can_no_longer_follow_a_3_mib_upload_costs_only_the_hedge() {
+    let (status, report, puts, p) = hedged_upload(3 * MIB, (MIB, 16 * MIB), 4, true).await;
+    assert_eq!(status, Some(200), "the first copy's answer");
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!((report.attempts(), report.hedges()), (1, 1));
+    assert_eq!(report.hedge_wins(), 0, "a hedge that dropped out never won");
+    assert!(puts.len() <= 2, "{:?}", sizes(&puts));
+    assert_eq!(p.metrics().snapshot().hedge_wins, 0);
+    assert_eq!(p.replay_bytes_kept(), 0);
+}
+
+/// Once the body has outgrown the buffer, no hedge is sent: it could not
+/// send the body's start.
+#[tokio::test]
+async fn no_hedge_is_sent_for_an_upload_already_past_its_replay_limit() {
+    let (status, report, puts, p) = hedged_upload(3 * MIB, (MIB, 16 * MIB), 24, false).await;
+    assert_eq!(status, Some(200));
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!(
+        (report.attempts(), report.hedges(), report.hedge_wins()),
+        (1, 0, 0)
+    );
+    assert_eq!(puts.len(), 1, "sent once");
+    assert_eq!(p.replay_bytes_kept(), 0);
+}
+
+/// The client-wide cap, as the limit: a hedge sent while 512 KiB are
+/// still within a 256 KiB cap drops out when the cap refuses to keep more.
+#[tokio::test]
+async fn a_hedge_that_the_cap_stops_following_costs_only_the_hedge() {
+    let (status, report, puts, p) = hedged_upload(MIB / 2, (MIB, 4 * CHUNK), 2, true).await;
+    assert_eq!(status, Some(200));
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!(
+        (report.attempts(), report.hedges(), report.hedge_wins()),
+        (1, 1, 0)
+    );
+    assert!(puts.len() <= 2, "{:?}", sizes(&puts));
+    assert_eq!(p.replay_bytes_kept(), 0);
+}
+
+/// And past the cap, no hedge is sent.
+#[tokio::test]
+async fn no_hedge_is_sent_for_an_upload_the_cap_no_longer_keeps() {
+    let (status, report, puts, p) = hedged_upload(MIB / 2, (MIB, 4 * CHUNK), 6, false).await;
+    assert_eq!(status, Some(200));
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    assert_eq!(
+        (report.attempts(), report.hedges(), report.hedge_wins()),
+        (1, 0, 0)
+    );
+    assert_eq!(puts.len(), 1, "sent once");
+    assert_eq!(p.replay_bytes_kept(), 0);
 }

@@ -4,7 +4,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
 
 use crate::decisions::{
     AdaptiveAdmission, Backoff, CircuitBreaker, NoAdmission, RetryAdmission, TokenBucket,
@@ -114,7 +113,7 @@ impl RetryPolicyBuilder {
         };
         let rng = self
             .rng
-            .unwrap_or_else(|| Box::new(SmallRng::from_os_rng()));
+            .unwrap_or_else(|| Box::new(rand::make_rng::<SmallRng>()));
         Ok(RetryPolicy {
             settings: Arc::new(settings),
             admission,

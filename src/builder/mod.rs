@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use rand::rngs::StdRng;
-use rand::{RngCore, SeedableRng};
+use rand::SeedableRng;
 
 use crate::decisions::{
     AdaptiveConfig, CircuitBreakerConfig, FirstAttemptPacing, HedgeConfig, Jitter, RetryAdmission,
@@ -380,7 +380,7 @@ impl RetryPolicyBuilder {
     }
 
     /// Use this random source.
-    pub fn rng(mut self, rng: impl RngCore + Send + 'static) -> Self {
+    pub fn rng(mut self, rng: impl rand::Rng + Send + 'static) -> Self {
         self.rng = Some(Box::new(rng));
         self
     }

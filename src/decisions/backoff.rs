@@ -29,7 +29,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 
 use crate::vocabulary::{uniform, ConfigError};
 

@@ -20,6 +20,8 @@
 //! The parts: the configuration and the safety rule, and the per-host
 //! latency tracker that gives the hedge delay with the extra-load budget.
 //! The race itself is the middleware's (`HttpAttempts::attempt`).
+//! [`HedgeConfig`] says what hedging does to the other features and they
+//! to it.
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +45,59 @@ use super::admission::{Bounds, Partitions};
 /// end the attempt while the other is still in flight. Both copies carry
 /// the same idempotency key and end by the attempt's timeout and the
 /// deadline.
+///
+/// # With the other features
+///
+/// - **Replayable bodies.** A hedge of a streamed body sends the bytes
+///   its first copy's replay buffer kept, then follows that copy chunk by
+///   chunk: one copy reads the caller's stream, the other waits for its
+///   chunks, and the buffer is shared (a hedge keeps no bytes of its own).
+///   With the buffer off (`body_replay_limit(0)`) a stream is not copied,
+///   so it is never hedged. Once the body has outgrown the buffer (its
+///   limit, or the client-wide cap), no hedge is sent: it could not send
+///   the body's start. When the body outgrows the buffer after the hedge
+///   went out, the copy that does not read the stream cannot go on: it
+///   drops out of the race, and the copy that reads it is sent once, to
+///   the end, and its answer is the attempt's (the call then ends as an
+///   unhedged one would: a success, or a stop that names the body). The
+///   first copy reads the stream unless the hedge got to it first (the
+///   first copy had not begun sending its body, still connecting, say):
+///   then the first copy is the one that drops out. A [`crate::BodySource`]
+///   makes each copy's body afresh, when the copy is sent.
+/// - **Failed copies.** A copy that drops out, and a hedge that ends in
+///   an error rather than an answer of its host (refused, timed out, a
+///   failure below this layer), is never the attempt's answer while the
+///   other copy has one or may still give one, and a hedge that failed is
+///   never counted a win ([`crate::RetryReport::hedge_wins`]). A copy
+///   dropped for its body tells the admission nothing of the host.
+/// - **Pacing and admission.** A hedge is admitted like a retry
+///   ([`crate::RetryKind::Hedge`]), asks once and never waits; the default
+///   admission pays it from its bucket only, never while a retry waits,
+///   and never on a route it paces: a throttled route gets no hedge. What
+///   a hedge's answer says of the host's rate (a 429, a Retry-After, the
+///   rate-limit fields) reaches the admission as the first copy's would,
+///   so a hedge's 429 paces the route; being no retry, a hedge's answer
+///   neither raises nor lowers the rate at which an outage's retries are
+///   released.
+/// - **The breaker.** It is asked once per call, before the first
+///   attempt; a hedge is part of an attempt it let through and is not
+///   asked. It counts one answer per attempt, the one the race returned:
+///   a hedge's success after the first copy's failure counts as the host
+///   accepting; the losing copy's answer is not counted.
+/// - **Replicas.** The hedge opens its connection through the same
+///   resolver, healthy addresses first, and asks for `Connection: close`
+///   as its first copy does while an address is out of service. The
+///   attempt's answer is attributed to the address that gave it; a
+///   failure before any answer, to the addresses handed out last, which
+///   may be the other copy's. A probe of an ejected address ends with its
+///   attempt, whichever copy made it.
+/// - **Deadlines.** Both copies end by the attempt's timeout (its own, or
+///   the time left to the deadline, the shorter): the hedge is sent with
+///   what is left of it, says so in the deadline header, and is not sent
+///   when the hedge delay would outlast the attempt or nothing is left.
+///   The minimum window is not asked of a hedge (it is no new attempt).
+///   When the first copy fails transiently, the attempt waits for the
+///   hedge, within that timeout, before any retry.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HedgeConfig {
     /// The latency percentile, per host, after which the second copy goes.

@@ -76,6 +76,16 @@ impl RequestOptions {
 
     /// Total time for this logical operation. Zero is ignored (the policy's
     /// deadline applies).
+    ///
+    /// It is a budget to use: the first attempt is sent whatever its
+    /// length, with the time left as its timeout, as reqwest's own
+    /// `timeout` would be, even when it is shorter than the policy's
+    /// `min_attempt_window` (a 50 ms deadline to a service that answers
+    /// in 2 ms completes). The window still guards what follows: a retry
+    /// starts only with the window left, and a deadline inherited from an
+    /// inbound request ([`crate::InheritedDeadline`]) that leaves less than
+    /// the window sends nothing. When an inherited deadline is shorter
+    /// than this one, it is the inherited one that binds, window included.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline).filter(|d| !d.is_zero());
         self

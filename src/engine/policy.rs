@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use rand::RngCore;
+use rand::Rng as RandomSource;
 
 use crate::decisions::{
     Backoff, CircuitBreaker, FirstAttemptPacing, HedgeConfig, Hedger, ReplicaTable, RetryAdmission,
@@ -30,7 +30,7 @@ use super::metrics::Metrics;
 use super::runtime::{Clock, Sleeper};
 
 /// A random source the policy can own.
-pub(crate) type Rng = Box<dyn RngCore + Send>;
+pub(crate) type Rng = Box<dyn RandomSource + Send>;
 
 /// The retry policy: what to retry, how long to wait, and how much.
 ///
@@ -152,7 +152,7 @@ impl RetryPolicy {
     }
 
     /// Runs `f` with the policy's random source.
-    pub(crate) fn with_rng<T>(&self, f: impl FnOnce(&mut dyn RngCore) -> T) -> T {
+    pub(crate) fn with_rng<T>(&self, f: impl FnOnce(&mut dyn RandomSource) -> T) -> T {
         let mut rng = lock(&self.rng);
         f(&mut **rng)
     }

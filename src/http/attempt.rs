@@ -133,9 +133,11 @@ impl Attempt for HttpAttempts<'_> {
                         self.judge.policy,
                         hedging,
                         || {
-                            let mut copy = replay::copy(&mut request, source, replay)?;
-                            replay::fill(&mut copy, source);
-                            Some(copy)
+                            // A source makes the copy's body when the
+                            // hedge is sent (never for one that is not),
+                            // afresh: no buffer can fail it.
+                            let copy = replay::copy(&mut request, source, replay)?;
+                            Some((copy, replay.filter(|_| source.is_none()).cloned()))
                         },
                         self.extensions,
                         &self.next,

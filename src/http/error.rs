@@ -36,7 +36,7 @@ impl std::error::Error for DeadlineSpent {}
 ///
 /// It carries the [`RetryReport`]; [`std::error::Error::source`] is the
 /// underlying error. The middleware returns it inside
-/// [`reqwest_middleware::Error::Middleware`]; [`RetryError::from_middleware`]
+/// [`reqwest_middleware::Error::Middleware`](https://docs.rs/reqwest-middleware/0.5/reqwest_middleware/enum.Error.html#variant.Middleware); [`RetryError::from_middleware`]
 /// finds it again. A transport error is *not* wrapped: it comes back as
 /// reqwest made it, and the report goes to a [`crate::ReportSlot`].
 #[derive(Debug)]

@@ -16,6 +16,7 @@ use crate::decisions::{
     Admission, AttemptRecord, AttemptResult, Grant, HedgeConfig, RetryKind, RetryRequest,
 };
 use crate::engine::{AttemptContext, RetryPolicy, Signal, Verdict};
+use crate::vocabulary::replay::{self, BodySource, Handle};
 use crate::vocabulary::{BoxFuture, Partition, Route};
 
 use super::deadline_header::stamp_headers;
@@ -33,32 +34,36 @@ pub(super) struct Hedging {
     /// The request's route within it: a paced route gets no hedge.
     pub(super) route: Route,
     pub(super) sent: AtomicU32,
-    /// Of those, the ones whose answer was used.
+    /// Of those, the ones whose answer, a response of the host, was used.
     pub(super) won: AtomicU32,
 }
 
 /// What hedging an attempt needs: when it started (its latency is
 /// recorded for its host), and the second copy, when the host has a hedge
 /// delay that ends before the attempt's timeout and the request can be
-/// copied. Kept out of line, so that the unhedged attempt's code stays as
-/// it was.
+/// copied (`copy` gives the copy and, when its streamed body replays a
+/// buffer, the buffer: the hedge is not sent once that has lost the
+/// body's start). Kept out of line, so that the unhedged attempt's code
+/// stays as it was.
 #[inline(never)]
 pub(super) fn plan_hedge<'a, 'h>(
     policy: &'a RetryPolicy,
     hedging: &'h Hedging,
-    copy: impl FnOnce() -> Option<Request>,
+    copy: impl FnOnce() -> Option<(Request, Option<Handle>)>,
     extensions: &Extensions,
     next: &Next<'a>,
     ctx: AttemptContext,
     timeout: Option<Duration>,
 ) -> Hedge<'a, 'h> {
     let started = policy.clock.now();
+    let mut replay = None;
     let copy = policy
         .hedger
         .delay(&hedging.config, hedging.partition)
         .filter(|delay| timeout.is_none_or(|t| *delay < t))
         .and_then(|delay| {
-            let request = copy()?;
+            let (request, buffer) = copy()?;
+            replay = buffer;
             Some(HedgeCopy {
                 delay,
                 request,
@@ -72,6 +77,7 @@ pub(super) fn plan_hedge<'a, 'h>(
         policy,
         hedging,
         started,
+        replay,
         copy,
     }
 }
@@ -81,6 +87,8 @@ pub(super) struct Hedge<'a, 'h> {
     policy: &'a RetryPolicy,
     hedging: &'h Hedging,
     started: Instant,
+    /// The buffer the copy's streamed body replays, if it has one.
+    replay: Option<Handle>,
     copy: Option<HedgeCopy<'a>>,
 }
 
@@ -154,10 +162,12 @@ impl Hedge<'_, '_> {
     /// passed without an answer (and the budget and the admission allow
     /// it), and returns the first answer that is not a transient failure
     /// (when both fail so, the one whose Retry-After asks for the longer
-    /// wait, else the later one). The other copy is dropped: its
-    /// request is abandoned and its connection closed, not reused. The
-    /// attempt judges the answer returned as any other (the classifiers are
-    /// asked about it once more).
+    /// wait, else the later one). A copy whose body could not follow the
+    /// other's, and a hedge that ended in an error, drop out: their
+    /// failure is the answer only when no other is left. The other copy is
+    /// dropped: its request is abandoned and its connection closed, not
+    /// reused. The attempt judges the answer returned as any other (the
+    /// classifiers are asked about it once more).
     async fn race(
         mut self,
         mut first: BoxFuture<'_, Answer>,
@@ -189,10 +199,15 @@ impl Hedge<'_, '_> {
             self.record_latency();
             return answer;
         }
-        // The copy is sent with what is left of the attempt's time.
+        // The copy is sent with what is left of the attempt's time, and
+        // not at all when its body can no longer follow the first copy's
+        // (the buffer has lost the body's start): it would cost the host
+        // a request and the budget a hedge, and could only fail.
         let elapsed = policy.clock.now().saturating_duration_since(self.started);
         let left = copy.timeout.map(|t| t.saturating_sub(elapsed));
+        let lost = self.replay.as_ref().is_some_and(|r| r.lost().is_some());
         let grant = match left {
+            _ if lost => None,
             Some(left) if left.is_zero() => None,
             _ => self.admit(),
         };
@@ -211,6 +226,7 @@ impl Hedge<'_, '_> {
         if left.is_some() {
             *request.timeout_mut() = left;
         }
+        replay::fill(&mut request, extensions.get::<BodySource>());
         stamp_headers(policy, &mut request, &ctx, left);
         policy.metrics.hedged(self.hedging.host);
         self.hedging.sent.fetch_add(1, Ordering::Relaxed);
@@ -235,20 +251,42 @@ impl Hedge<'_, '_> {
             })
             .await;
             let verdict = verdict(&answer);
+            // A copy whose body could not follow the other's (the buffer
+            // lost the body's start, while the other copy reads the
+            // caller's stream) says nothing of the host.
+            let not_kept = answer.as_ref().err().is_some_and(replay::not_kept);
+            let result = if not_kept {
+                AttemptResult::Other
+            } else {
+                verdict.result()
+            };
             match which {
                 Which::First => {
                     first = None;
                     self.record_latency();
-                    first_seen = Some((verdict.result(), judge.signal(&answer, verdict)));
+                    first_seen = Some((result, judge.signal(&answer, verdict)));
                 }
                 Which::Hedge => {
                     second = None;
-                    hedge_result = verdict.result();
+                    hedge_result = result;
                     hedge_signal = judge.signal(&answer, verdict);
                 }
             }
-            // A transient failure of one copy waits for the other.
             let in_flight = first.is_some() || second.is_some();
+            // A copy that could not go on (its body not kept), or a hedge
+            // that failed before any answer of the host (an error, not a
+            // response), drops out of the race: the other copy's answer,
+            // in flight or held, is the attempt's.
+            if not_kept || (which == Which::Hedge && answer.is_err()) {
+                if in_flight {
+                    continue;
+                }
+                if let Some(held) = held.take() {
+                    break held;
+                }
+                break (which, answer, verdict);
+            }
+            // A transient failure of one copy waits for the other.
             if !(in_flight && matches!(verdict, Verdict::Transient { .. })) {
                 break (which, answer, verdict);
             }
@@ -271,9 +309,12 @@ impl Hedge<'_, '_> {
             self.record_latency();
         }
         drop(second);
-        // The hedge won when its answer is the one used, unless both
-        // copies failed transiently (the attempt failed; nobody won).
-        let won = winner == Which::Hedge && !matches!(verdict, Verdict::Transient { .. });
+        // The hedge won when its answer, a response of the host, is the
+        // one used, unless both copies failed transiently (the attempt
+        // failed; nobody won). A hedge that failed (an error) never won.
+        let won = winner == Which::Hedge
+            && answer.is_ok()
+            && !matches!(verdict, Verdict::Transient { .. });
         if won {
             policy.metrics.hedge_won(self.hedging.host);
             self.hedging.won.fetch_add(1, Ordering::Relaxed);

@@ -17,6 +17,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use http::{Extensions, HeaderValue};
 use reqwest::{Request, Response};
@@ -122,8 +123,24 @@ impl Middleware for RetryMiddleware {
         // Admission is per host unless the request names its partition;
         // pacing is per route.
         let (host, route) = of_url(request.url());
+        // A limit belongs to whoever met it: the caller's credential
+        // scopes the route (a keyed digest, never the token).
+        let route = match request.headers().get(http::header::AUTHORIZATION) {
+            Some(credential) => route.for_caller(credential.as_bytes()),
+            None => route,
+        };
         let partition = options.and_then(|o| o.partition).unwrap_or(host);
-        if limits.leave_no_room(settings.min_attempt_window) {
+        // The window guards retries and inherited deadlines. A caller's
+        // own per-request deadline is a budget to use: shorter than the
+        // window, it still sends its first attempt, within that deadline
+        // (as reqwest's own timeout would); no retry follows it.
+        let own = options.and_then(|o| o.deadline);
+        let window = if own.is_some() && own == limits.deadline {
+            Duration::ZERO
+        } else {
+            settings.min_attempt_window
+        };
+        if limits.leave_no_room(window) {
             // No attempt without its window, not even one with a zero
             // timeout: reqwest's timer may fire after the request left.
             // Asked before the breaker, whose half-open probe it would

@@ -25,7 +25,14 @@
 //! among policies with none left the latest reset. A field that does not parse as a list is ignored
 //! whole, as RFC 9651 asks; a parameter that is not a non-negative integer
 //! of at most 15 digits is ignored. A parameter repeated in a member is
-//! its last value (RFC 9651 §4.2.3.2: `r=5;r=0` is `r=0`).
+//! its last value (RFC 9651 §4.2.3.2: `r=5;r=0` is `r=0`). A list sent on
+//! several field lines is one list, the lines joined with commas in the
+//! order they came (RFC 9651 §4.2, as gateways with one limiter each send
+//! them); a line that is not text makes the whole field unreadable.
+//!
+//! The name of the policy whose numbers are read is kept (as a digest):
+//! a limit belongs to the policy the server names, and two differently
+//! named policies on one host are two limits.
 //!
 //! `X-RateLimit-Reset` is read as seconds from now, unless it is large
 //! enough to be a Unix time (at least 10⁹, that is after September 2001),
@@ -39,6 +46,7 @@
 //! these two fields need (a list of items with integer parameters) is
 //! small enough to read here, and rejecting anything else is the safe side.
 
+use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
@@ -64,9 +72,19 @@ pub struct RateLimit {
     pub reset: Option<Duration>,
     /// The quota and its window (`RateLimit-Policy`'s `q` and `w`).
     pub quota: Option<(u64, Duration)>,
+    /// A digest of the name of the policy `remaining` and `reset` are
+    /// from (`RateLimit`'s member), when the server named one.
+    pub(crate) policy: Option<u64>,
 }
 
 impl RateLimit {
+    /// A digest of the name of the policy whose `remaining` and `reset`
+    /// these are, when the server named one in `RateLimit`: two answers
+    /// with different names speak of two limits.
+    pub fn policy_id(&self) -> Option<u64> {
+        self.policy
+    }
+
     /// Whether the host has no quota left (a known reset is then how long
     /// to hold requests).
     pub fn exhausted(&self) -> bool {
@@ -98,13 +116,16 @@ pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
 /// `X-RateLimit-Reset` only when the response has no valid `Date`.
 pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<RateLimit> {
     let mut limit = RateLimit::default();
-    if let Some(items) = field(headers, "ratelimit").and_then(|v| parse_list(v)) {
+    if let Some(items) = list_field(headers, "ratelimit")
+        .as_deref()
+        .and_then(parse_list)
+    {
         // The tightest policy: the fewest units left, the first listed
         // among equals; among spent ones, the latest reset. Decided over
         // the whole list, so that the order the server lists its policies
         // in changes nothing.
-        let mut tightest: Option<(u64, Option<Duration>)> = None;
-        for params in items {
+        let mut tightest: Option<(u64, Option<Duration>, u64)> = None;
+        for (name, params) in items {
             let Some(r) = param(&params, "r") else {
                 continue;
             };
@@ -112,19 +133,24 @@ pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<RateLimit> {
                 .filter(|t| *t <= MAX_RESET.as_secs())
                 .map(Duration::from_secs);
             tightest = match tightest {
-                Some((old, old_t)) if r > old || (r == old && r > 0) => Some((old, old_t)),
-                Some((0, old_t)) if r == 0 => Some((0, old_t.max(t))),
-                _ => Some((r, t)),
+                Some(old) if r > old.0 || (r == old.0 && r > 0) => Some(old),
+                // Among spent policies the latest reset, and its name.
+                Some((0, old_t, old_name)) if r == 0 && old_t >= t => Some((0, old_t, old_name)),
+                _ => Some((r, t, name)),
             };
         }
-        if let Some((r, t)) = tightest {
+        if let Some((r, t, name)) = tightest {
             limit.remaining = Some(r);
             limit.reset = t;
+            limit.policy = Some(name);
         }
     }
-    if let Some(items) = field(headers, "ratelimit-policy").and_then(|v| parse_list(v)) {
+    if let Some(items) = list_field(headers, "ratelimit-policy")
+        .as_deref()
+        .and_then(parse_list)
+    {
         // The tightest policy: the lowest rate.
-        for params in items {
+        for (_, params) in items {
             if let (Some(q), Some(w)) = (param(&params, "q"), param(&params, "w")) {
                 let candidate = (q, Duration::from_secs(w));
                 let rate = |(q, w): (u64, Duration)| {
@@ -175,6 +201,21 @@ fn field<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     first.to_str().ok()
 }
 
+/// A list field's value: its one line, or its lines joined with commas in
+/// the order they came (RFC 9651 §4.2: a list sent on several lines is one
+/// list). `None` when it is absent or a line is not text.
+fn list_field<'h>(headers: &'h HeaderMap, name: &str) -> Option<Cow<'h, str>> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?.to_str().ok()?;
+    let mut joined: Option<String> = None;
+    for value in values {
+        let text = joined.get_or_insert_with(|| first.to_owned());
+        text.push_str(", ");
+        text.push_str(value.to_str().ok()?);
+    }
+    Some(joined.map_or(Cow::Borrowed(first), Cow::Owned))
+}
+
 /// A non-negative integer of at most 15 digits.
 fn integer(s: &str) -> Option<u64> {
     let s = s.trim();
@@ -194,9 +235,10 @@ fn param(params: &[(&str, Option<u64>)], key: &str) -> Option<u64> {
 }
 
 /// An RFC 9651 list whose members are items (a string or a token) with
-/// parameters: each member's parameters, with integer values read and any
-/// other bare item as `None`. `None` when the field does not parse.
-fn parse_list(field: &str) -> Option<Vec<Params<'_>>> {
+/// parameters: each member's name (a digest of the item's text) and its
+/// parameters, with integer values read and any other bare item as
+/// `None`. `None` when the field does not parse.
+fn parse_list(field: &str) -> Option<Vec<(u64, Params<'_>)>> {
     let mut members = Vec::new();
     let mut rest = field.trim_matches([' ', '\t']);
     if rest.is_empty() {
@@ -216,9 +258,10 @@ fn parse_list(field: &str) -> Option<Vec<Params<'_>>> {
     }
 }
 
-/// One list member: a bare item and its parameters.
-fn member(s: &str) -> Option<(Params<'_>, &str)> {
+/// One list member: a digest of its bare item's text, and its parameters.
+fn member(s: &str) -> Option<((u64, Params<'_>), &str)> {
     let (_, mut rest) = bare_item(s)?;
+    let name = name_digest(&s[..s.len() - rest.len()]);
     let mut params = Vec::new();
     while let Some(after) = rest.strip_prefix(';') {
         let after = after.trim_start_matches(' ');
@@ -248,7 +291,15 @@ fn member(s: &str) -> Option<(Params<'_>, &str)> {
         }
         params.push((key, value));
     }
-    Some((params, rest))
+    Some(((name, params), rest))
+}
+
+/// FNV-1a of a member's item as sent (`"search"` and `search` differ:
+/// a server spells its names one way).
+fn name_digest(item: &str) -> u64 {
+    item.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A bare item: `Some(n)` for a non-negative integer, `None` for anything

@@ -246,16 +246,10 @@ pub enum KeyGenerator {
     ///
     /// Its 122 random bits come from the **kernel's** random number
     /// generator, never from a generator kept in this process's memory:
-    ///
-    /// - On Linux 6.11 or later (x86-64, arm64 and others with the vDSO
-    ///   `getrandom`), the draw runs in the vDSO, without a system call
-    ///   (~60 ns). The kernel gives each thread a state block that it wipes
-    ///   in a `fork()` child and reseeds when the VM generation changes (a
-    ///   snapshot restored or cloned), so neither a fork child nor a
-    ///   restored snapshot repeats a key its parent made or will make.
-    /// - Elsewhere, or with the crate's default feature `vdso-keys` turned
-    ///   off, one `getrandom` system call per key (~0.4 µs): the same
-    ///   guarantees.
+    /// one `getrandom` system call per key, through the `uuid` crate (and
+    /// `getrandom`, the crate every Rust program's randomness comes from),
+    /// so neither a `fork()` child nor a restored VM snapshot repeats a key
+    /// its parent made or will make (`checks/tests/keygen_fork.rs`).
     ///
     /// A generator seeded once and kept in memory (`rand`'s `ThreadRng`) is
     /// faster still, but after `fork()` or a snapshot restore two processes

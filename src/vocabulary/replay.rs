@@ -16,6 +16,10 @@
 //! replays what was kept and then follows it, chunk by chunk: only one
 //! attempt at a time reads the stream (the others wait for its chunks), so
 //! a hedge of a long upload goes no faster than its first copy's reads.
+//! Once the buffer has let go of the body's start, only the copy reading
+//! the stream can go on: the others fail with `not_kept`, and the hedge
+//! race drops them (nor is a hedge sent then; `HedgeConfig` says what
+//! hedging does to replay and the other features).
 //!
 //! A [`BodySource`] makes the body afresh for each attempt instead (a file
 //! reopened), at any size and with no buffer.
@@ -294,6 +298,17 @@ impl fmt::Display for NotKept {
 }
 
 impl Error for NotKept {}
+
+/// Whether `error` is (or was caused by) a copy's body that could not
+/// follow the kept bytes: the copy could not go on, and says nothing of
+/// its host.
+pub(crate) fn not_kept(error: &reqwest_middleware::Error) -> bool {
+    let first: &(dyn Error + 'static) = match error {
+        reqwest_middleware::Error::Reqwest(e) => e,
+        reqwest_middleware::Error::Middleware(e) => e.as_ref(),
+    };
+    std::iter::successors(Some(first), |&e| e.source()).any(|e| e.is::<NotKept>())
+}
 
 type Polled = Poll<Option<Result<Frame<Bytes>, Box<dyn Error + Send + Sync>>>>;
 

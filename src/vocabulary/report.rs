@@ -214,10 +214,56 @@ impl RetryReport {
     }
 
     /// Of the hedges, those whose answer was the one used: it answered
-    /// first, or the first copy failed transiently while it was in flight
-    /// (when both copies fail transiently, neither won).
+    /// first, or the first copy failed transiently (or could not go on)
+    /// while it was in flight (when both copies fail transiently, neither
+    /// won). A hedge that ended in an error (its body no longer kept, its
+    /// connection refused) never won.
     pub fn hedge_wins(&self) -> u32 {
         u32::from(self.hedge_wins)
+    }
+}
+
+/// One line for a log or a failing test's message: the attempts, how the
+/// call ended and where its time went, e.g. `3 attempts in 4.4s, stopped:
+/// success; slept [2.1s, 2.2s], 2 by Retry-After; key 5f0c…`. Only what
+/// happened is said: no waits that were zero, no hedges that were not
+/// sent.
+///
+/// ```
+/// # use reqwest_safe_retry::RetryReport;
+/// fn log(report: &RetryReport) {
+///     println!("payment: {report}");
+/// }
+/// ```
+impl fmt::Display for RetryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = if self.attempts == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} attempt{plural} in {:.1?}, stopped: {}",
+            self.attempts, self.elapsed, self.stop_reason
+        )?;
+        if !self.delays.is_empty() {
+            write!(f, "; slept {:.1?}", self.delays)?;
+            if self.retry_after_honoured > 0 {
+                write!(f, ", {} by Retry-After", self.retry_after_honoured)?;
+            }
+        }
+        for (wait, what) in [
+            (self.rate_limit_wait.get(), "for the server's rate"),
+            (self.admission_wait.get(), "for retry admission"),
+        ] {
+            if !wait.is_zero() {
+                write!(f, "; waited {wait:.1?} {what}")?;
+            }
+        }
+        if self.hedges > 0 {
+            write!(f, "; {} hedged, {} won", self.hedges, self.hedge_wins)?;
+        }
+        if let Some(key) = self.idempotency_key() {
+            write!(f, "; key {key}")?;
+        }
+        Ok(())
     }
 }
 
@@ -332,5 +378,37 @@ impl ReportSlot {
 
     pub(crate) fn fill(&self, report: RetryReport) {
         *lock(&self.inner) = Some(report);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one line says what happened and nothing that did not.
+    #[test]
+    fn a_report_prints_as_one_line() {
+        let mut report = RetryReport::new();
+        report.attempts = 1;
+        report.stop_reason = StopReason::Permanent;
+        report.elapsed = Duration::from_millis(12);
+        assert_eq!(
+            report.to_string(),
+            "1 attempt in 12.0ms, stopped: permanent"
+        );
+        report.attempts = 3;
+        report.stop_reason = StopReason::Success;
+        report.delays = vec![Duration::from_millis(2_100), Duration::from_millis(2_200)];
+        report.retry_after_honoured = 2;
+        report.rate_limit_wait += Duration::from_millis(300);
+        report.hedges = 1;
+        report.idempotency_key = Some(SharedKey::from(
+            crate::IdempotencyKey::new("pay-42").unwrap(),
+        ));
+        assert_eq!(
+            report.to_string(),
+            "3 attempts in 12.0ms, stopped: success; slept [2.1s, 2.2s], 2 by \
+             Retry-After; waited 300.0ms for the server's rate; 1 hedged, 0 won; key pay-42"
+        );
     }
 }

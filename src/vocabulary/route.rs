@@ -5,9 +5,16 @@
 //! per host (GitHub's search and core quotas, a payment API's per-account
 //! limits), so a throttling answer proves something about the path it
 //! came from, not about the host's other paths. Pacing is kept per
-//! [`Route`] inside the host's [`crate::Partition`] (and for the whole
-//! host once several of its routes are throttled together with none
-//! succeeding: a limit per account); the outage admission stays per host.
+//! [`Route`] inside the host's [`crate::Partition`] (and for the routes of
+//! one caller that several of its routes' throttling answers, together
+//! and none succeeding, show to share a limit: a limit per account); the
+//! outage admission stays per host.
+//!
+//! A limit belongs to whoever met it: a request that carries credentials
+//! (`Authorization`) is on its route *for that caller*
+//! ([`Route::for_caller`]), so one token's spent quota holds no call of
+//! another token's, as keys are scoped by the credential's digest on the
+//! server.
 
 /// Which route of a partition a request is on: by default its path, with
 /// every segment that looks like an identifier counted as one, so that
@@ -30,9 +37,14 @@
 ///
 /// The digest is FNV-1a, unkeyed: unlike a host's partition, two routes
 /// that collide only share the pacing of one host, whose answers decide
-/// both.
+/// both. A caller's credential enters it through a keyed digest
+/// ([`Route::for_caller`]): no route's id says anything about a token.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
-pub struct Route(u64);
+pub struct Route {
+    digest: u64,
+    /// The caller's: a keyed digest of its credential, 0 with none.
+    caller: u64,
+}
 
 /// FNV-1a's offset basis and prime, 64-bit.
 const BASIS: u64 = 0xcbf2_9ce4_8422_2325;
@@ -60,7 +72,10 @@ fn is_identifier(segment: &str) -> bool {
 impl Route {
     /// The whole partition: what a request with no route (the generic
     /// [`crate::retry`]) is on.
-    pub const WHOLE: Route = Route(0);
+    pub const WHOLE: Route = Route {
+        digest: 0,
+        caller: 0,
+    };
 
     /// The route of a URL: its path's.
     pub fn of_url(url: &reqwest::Url) -> Self {
@@ -87,13 +102,48 @@ impl Route {
     }
 
     fn from_digest(d: u64) -> Self {
-        Route(d.max(1))
+        Route {
+            digest: d.max(1),
+            caller: 0,
+        }
+    }
+
+    /// This route for the caller whose credential (an `Authorization`
+    /// value, as sent) is `credential`: a limit met by one caller is
+    /// that caller's, and another caller on the same path is on another
+    /// route. The digest is keyed per process (SipHash, as the standard
+    /// library's maps use), so no id logged says anything about the
+    /// token; an empty credential is no caller.
+    pub fn for_caller(self, credential: &[u8]) -> Self {
+        if credential.is_empty() {
+            return self;
+        }
+        let caller = caller_digest(credential).max(1);
+        Route {
+            digest: fnv(self.digest, &caller.to_le_bytes()).max(1),
+            caller,
+        }
+    }
+
+    /// Whose limits this route's are: a digest of the caller's
+    /// credential ([`Route::for_caller`]), `None` for a request that
+    /// carried none.
+    pub fn caller(&self) -> Option<u64> {
+        (self.caller != 0).then_some(self.caller)
     }
 
     /// The digest, for logs and metrics.
     pub fn id(&self) -> u64 {
-        self.0
+        self.digest
     }
+}
+
+/// A keyed digest of a credential, the key drawn once per process.
+fn caller_digest(credential: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    KEYS.get_or_init(Default::default).hash_one(credential)
 }
 
 #[cfg(test)]
@@ -120,5 +170,27 @@ mod tests {
         assert_ne!(p("/a/b"), p("/a/b/"));
         assert_ne!(Route::named("/a"), p("/a"));
         assert_ne!(p(""), Route::WHOLE);
+    }
+
+    /// One path, two callers: two routes; one caller: one route, whose
+    /// digest keeps the path's distinctions.
+    #[test]
+    fn a_route_is_its_callers() {
+        let p = Route::of_path;
+        let (a, b) = (b"Bearer tenant-a".as_slice(), b"Bearer tenant-b".as_slice());
+        assert_ne!(p("/items").for_caller(a), p("/items").for_caller(b));
+        assert_ne!(p("/items").for_caller(a), p("/items"));
+        assert_eq!(p("/items/1").for_caller(a), p("/items/2").for_caller(a));
+        assert_ne!(p("/items").for_caller(a), p("/search").for_caller(a));
+        assert_eq!(
+            p("/items").for_caller(a).caller(),
+            p("/search").for_caller(a).caller()
+        );
+        assert_ne!(
+            p("/items").for_caller(a).caller(),
+            p("/items").for_caller(b).caller()
+        );
+        assert_eq!(p("/items").caller(), None);
+        assert_eq!(p("/items").for_caller(b""), p("/items"));
     }
 }

@@ -223,39 +223,26 @@ pub mod _guide {
     }
 }
 
-mod answer;
-mod body;
-mod config;
-mod context;
-mod inline;
-mod keeper;
-mod key;
 mod layer;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
-mod problem;
 #[cfg(feature = "redis")]
 mod redis_store;
-mod replay;
-mod run;
-mod scope;
+mod request;
 mod store;
-#[cfg(feature = "postgres")]
-mod transactional;
 
-pub use config::{ConfigError, IdempotencyLayerBuilder};
-pub use context::{IdempotencyContext, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-pub use layer::{IdempotencyLayer, IdempotencyService};
+pub use layer::{ConfigError, IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyService};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
-pub use problem::ProblemKind;
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisClusterStore, RedisStore, DEFAULT_REDIS_PREFIX};
+pub use request::context::{IdempotencyContext, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use request::problem::ProblemKind;
+#[cfg(feature = "postgres")]
+pub use request::transactional::{IdempotencyTransaction, TransactionGuard};
 pub use store::{
     next_epoch, spawn_sweeper, ClaimOutcome, ClaimRequest, Clock, Fingerprint, IdempotencyStore,
     LeaseToken, ManualClock, StoreError, StoredResponse, SystemClock, MAX_STORED_ID_LEN,
 };
-#[cfg(feature = "postgres")]
-pub use transactional::{IdempotencyTransaction, TransactionGuard};

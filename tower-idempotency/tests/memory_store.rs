@@ -305,3 +305,124 @@ async fn strangers_stored_errors_cannot_lock_a_new_caller_out() {
         }
     }
 }
+
+/// Claims and completes `key` for `scope` with `status`.
+async fn done_in(store: &MemoryStore, scope: &str, key: &str, status: u16) {
+    let lease = claim_in(store, scope, key).await;
+    let response = StoredResponse::json(status, key.to_owned());
+    assert!(store.complete(scope, key, lease, &response).await.unwrap());
+}
+
+/// `flooders` credentials, each of which succeeded once, send 150 keys
+/// between them into a store of 50; then a caller that holds one
+/// completed payment sends a new one and retries the first: the retry is
+/// replayed (room came from the heaviest callers), never run again.
+async fn a_small_caller_keeps_its_payment_through(flooders: usize) {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 50);
+    done_in(&store, "victim", "pay-1", 201).await;
+    for f in 0..flooders {
+        done_in(&store, &format!("flooder-{f}"), "ok", 201).await;
+    }
+    for i in 0..150 {
+        let scope = format!("flooder-{}", i % flooders);
+        done_in(&store, &scope, &format!("flood-{i}"), 201).await;
+    }
+    assert_eq!(store.len(), 50);
+    done_in(&store, "victim", "pay-2", 201).await;
+    for key in ["pay-1", "pay-2"] {
+        match store.claim(scoped("victim", key)).await.unwrap() {
+            ClaimOutcome::Completed { response, .. } => assert_eq!(response.status, 201),
+            other => panic!("{key} would charge again after {flooders} flooder(s): {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_flooding_credential_cannot_evict_a_small_callers_payment() {
+    a_small_caller_keeps_its_payment_through(1).await;
+}
+
+#[tokio::test]
+async fn four_flooding_credentials_cannot_evict_a_small_callers_payment() {
+    a_small_caller_keeps_its_payment_through(4).await;
+}
+
+/// Room comes from the heaviest caller: with a heavy caller, a middling
+/// one and a small one, the small one's claims take from the heavy one
+/// only.
+#[tokio::test]
+async fn room_comes_from_the_heaviest_caller() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock, 20);
+    for i in 0..12 {
+        done_in(&store, "big", &format!("b-{i}"), 201).await;
+    }
+    done_in(&store, "small", "s-0", 201).await;
+    for i in 0..7 {
+        done_in(&store, "mid", &format!("m-{i}"), 201).await;
+    }
+    assert_eq!(store.len(), 20);
+    done_in(&store, "small", "s-1", 201).await;
+    // "big" (12) gave up its oldest for "small" (1), not "mid" (7).
+    let fp = Fingerprint([7; 32]);
+    assert_eq!(store.lookup("big", "b-0", fp).await.unwrap(), None);
+    for i in 2..4 {
+        done_in(&store, "small", &format!("s-{i}"), 201).await;
+    }
+    let kept = |scope: &'static str, prefix: &'static str, n: usize| {
+        let store = store.clone();
+        async move {
+            let mut kept = 0;
+            for i in 0..n {
+                let key = format!("{prefix}-{i}");
+                let found = store.lookup(scope, &key, fp).await.unwrap();
+                kept += usize::from(matches!(found, Some(ClaimOutcome::Completed { .. })));
+            }
+            kept
+        }
+    };
+    assert_eq!(
+        kept("small", "s", 4).await,
+        4,
+        "the small caller lost a record"
+    );
+    assert_eq!(
+        kept("mid", "m", 7).await,
+        7,
+        "a lighter caller paid for the heaviest"
+    );
+}
+
+/// The order of callers by weight is dropped by each sweep and counted
+/// again the next time the store is full: it still names the heaviest.
+#[tokio::test]
+async fn the_heaviest_caller_is_found_again_after_a_sweep() {
+    let clock = Arc::new(ManualClock::new());
+    let store = small(clock.clone(), 10).sweep_every(Duration::from_secs(1));
+    for i in 0..8 {
+        done_in(&store, "big", &format!("b-{i}"), 201).await;
+    }
+    done_in(&store, "small", "s-0", 201).await;
+    done_in(&store, "mid", "m-0", 201).await;
+    done_in(&store, "small", "s-1", 201).await;
+    clock.advance(Duration::from_secs(2));
+    done_in(&store, "mid", "m-1", 201).await;
+    done_in(&store, "big", "b-8", 201).await;
+    let fp = Fingerprint([7; 32]);
+    for (scope, key, kept) in [
+        ("big", "b-0", false),
+        ("big", "b-1", false),
+        // "big" itself, the heaviest, made room for its own new key.
+        ("big", "b-2", false),
+        ("big", "b-3", true),
+        ("big", "b-8", true),
+        ("small", "s-0", true),
+        ("small", "s-1", true),
+        ("mid", "m-0", true),
+        ("mid", "m-1", true),
+    ] {
+        let found = store.lookup(scope, key, fp).await.unwrap();
+        assert_eq!(found.is_some(), kept, "{scope}/{key}");
+    }
+}

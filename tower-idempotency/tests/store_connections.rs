@@ -1,8 +1,9 @@
 //! The store's statements and the transactional mode's transactions run
+//! on the main pool by default, or, opted into with `store_connections`,
 //! on a pool of the store's own, without sqlx's pings, on connections the
-//! store keeps between statements (issue 47): the main pool's hooks still
-//! apply to them, and a connection the server closed fails no request that
-//! the ping would have saved.
+//! store keeps between statements: the main pool's hooks still apply to
+//! them, and a connection the server closed fails no request that the
+//! ping would have saved.
 mod support;
 
 use std::str::FromStr;
@@ -127,10 +128,12 @@ async fn before_acquire_runs_on_the_transactional_modes_connections() {
         .unwrap();
 }
 
-/// A store whose connections are named `name`, on a table of its own.
+/// A store whose connections are named `name`, on a table of its own,
+/// with a store pool of 2 that keeps its connections.
 async fn named_store(name: &str) -> PostgresStore {
     let pool = pool_named(name, PgPoolOptions::new().max_connections(2)).await;
     let store = PostgresStore::new(pool)
+        .store_connections(2)
         .with_table(&unique("tower_idem_cl_"))
         .unwrap();
     store.migrate().await.unwrap();

@@ -68,17 +68,17 @@
 //! # Rate-limited hosts
 //!
 //! A 429 or a spent quota (`RateLimit: …;r=0`, `X-RateLimit-Remaining:
-//! 0`) puts the [`Route`] it came from (its path, within the host's
-//! partition) of the [`AdaptiveAdmission`] into *pacing*: the route's
+//! 0`) puts the [`Route`] it came from into *pacing*: the route's
 //! retries wait for release slots spaced at the rate it accepts, none
 //! before its Retry-After or its reset ([`Admission::Paced`],
 //! [`GrantSource::Paced`]); its first attempts wait, through
 //! [`RetryAdmission::admit_first`], only while a spent quota's reset has
-//! not come ([`FirstAttemptPacing`]). Other routes wait only when several
-//! were throttled within a second, none succeeding (a limit per account):
-//! the host is paced as one until calm. A 503 with Retry-After paces
+//! not come ([`FirstAttemptPacing`]). A limit is its caller's
+//! ([`Route::for_caller`]) under its policy's name; several routes it
+//! throttled within a second, none succeeding, are paced as one until
+//! calm, never a route that did not meet it. A 503 with Retry-After paces
 //! nothing. A wait spends no attempt ([`crate::RetryReport::rate_limit_wait`]).
-//! Why and how: the `pacing` and `adaptive/admit` modules' docs.
+//! Why and how: the `pacing` and `adaptive/scope` modules' docs.
 //!
 //! # Writing your own
 //!

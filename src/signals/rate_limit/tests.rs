@@ -239,10 +239,11 @@ fn a_repeated_parameter_is_its_last_value() {
     // nothing of `r` (a boolean true, `r`, is the last value here).
     let got = read(&[("ratelimit", r#""a";r=0;t=3;r, "b";r=7;t=1"#)]).unwrap();
     assert_eq!((got.remaining, got.reset), (Some(7), secs(1)));
-    // The common pair has no parameters: two copies that disagree stay
-    // ignored (a field, not a parameter, repeated).
+    // A field repeated is not a parameter repeated: its lines are one
+    // list (RFC 9651 §4.2), each member read, the tightest winning.
     let got = read(&[("ratelimit", "a;r=5"), ("ratelimit", "a;r=0")]);
-    assert_eq!(got, None);
+    assert_eq!(got, read(&[("ratelimit", "a;r=5, a;r=0")]));
+    assert_eq!(got.unwrap().remaining, Some(0));
 }
 
 /// The parameters of RFC 9651's own examples of lists (§3.1, §3.1.2,
@@ -253,7 +254,8 @@ fn a_repeated_parameter_is_its_last_value() {
 fn the_parameters_of_the_rfcs_examples() {
     type Owned = Vec<(String, Option<u64>)>;
     let params = |field: &str| -> Option<Vec<Owned>> {
-        let owned = |p: Params<'_>| p.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let owned =
+            |(_, p): (u64, Params<'_>)| p.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         parse_list(field).map(|members| members.into_iter().map(owned).collect())
     };
     let p = |pairs: &[(&str, Option<u64>)]| -> Owned {
@@ -304,4 +306,57 @@ fn the_parameters_of_the_rfcs_examples() {
     for field in ["abc ;a=1", "abc;a =1", "abc;a= 1", "abc;A=1"] {
         assert_eq!(params(field), None, "{field}");
     }
+}
+
+/// RFC 9651 §4.2: a list field sent on several lines is one list, as
+/// gateways with one limiter each send them (issue 51: two lines were
+/// taken for a disagreement and both ignored).
+#[test]
+fn a_list_on_several_lines_is_one_list() {
+    let one_line = read(&[
+        ("ratelimit", r#""burst";r=0;t=5, "daily";r=900;t=3600"#),
+        (
+            "ratelimit-policy",
+            r#""burst";q=10;w=5, "daily";q=1000;w=86400"#,
+        ),
+    ])
+    .unwrap();
+    let two_lines = read(&[
+        ("ratelimit", r#""burst";r=0;t=5"#),
+        ("ratelimit", r#""daily";r=900;t=3600"#),
+        ("ratelimit-policy", r#""burst";q=10;w=5"#),
+        ("ratelimit-policy", r#""daily";q=1000;w=86400"#),
+    ])
+    .unwrap();
+    assert_eq!(two_lines, one_line);
+    assert_eq!(two_lines.remaining, Some(0));
+    assert_eq!(two_lines.reset, secs(5));
+    assert_eq!(two_lines.quota, Some((1000, Duration::from_secs(86_400))));
+    // A line that does not parse spoils the list, as it would on one line.
+    let spoiled = read(&[("ratelimit", r#""burst";r=0;t=5"#), ("ratelimit", "(x")]);
+    assert_eq!(spoiled, None);
+    // The X-RateLimit pair are singletons: two that disagree are none.
+    let got = read(&[
+        ("x-ratelimit-remaining", "0"),
+        ("x-ratelimit-remaining", "3"),
+    ]);
+    assert_eq!(got, None);
+}
+
+/// The policy a limit's numbers come from is kept by name: two named
+/// policies are two limits, one name on two answers is one.
+#[test]
+fn the_spent_policys_name_is_kept() {
+    let id = |field: &str| read(&[("ratelimit", field)]).unwrap().policy_id();
+    assert_eq!(id(r#""search";r=0;t=30"#), id(r#""search";r=0;t=3"#));
+    assert_ne!(id(r#""search";r=0;t=30"#), id(r#""export";r=0;t=30"#));
+    assert!(id(r#""search";r=0;t=30"#).is_some());
+    // The spent one's name, in either order.
+    let both = |a: &str, b: &str| id(&format!("{a}, {b}"));
+    let (spent, open) = (r#""search";r=0;t=30"#, r#""daily";r=9;t=99"#);
+    assert_eq!(both(spent, open), id(spent));
+    assert_eq!(both(open, spent), id(spent));
+    // The common pair names no policy.
+    let pair = read(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "30")]).unwrap();
+    assert_eq!(pair.policy_id(), None);
 }

@@ -153,4 +153,9 @@ pub(crate) struct Args {
     /// given back.
     #[arg(long)]
     pub(crate) no_test_before_acquire: bool,
+    /// Give the PostgreSQL store a pool of this many connections of its own
+    /// (`PostgresStore::store_connections`), beside `--pool`; 0 (the
+    /// default): the store borrows the pool's connections.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) store_connections: u32,
 }

@@ -177,7 +177,10 @@ async fn pay_pg_complete_in_tx(
     let body = String::from_utf8_lossy(&body).into_owned();
     let response = StoredResponse {
         status: 201,
-        headers: vec![("content-type".to_owned(), "application/json".to_owned())],
+        headers: vec![(
+            "content-type".to_owned(),
+            Bytes::from_static(b"application/json"),
+        )],
         body: Bytes::from_static(RESPONSE.as_bytes()),
     };
     let insert = async {

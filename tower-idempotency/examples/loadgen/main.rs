@@ -104,6 +104,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             args.pool,
             args.commit_delay_us,
             !args.no_test_before_acquire,
+            args.store_connections,
         ))?)
     } else {
         None

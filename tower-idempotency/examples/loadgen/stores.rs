@@ -13,11 +13,12 @@ pub(crate) const PAYMENTS: &str = "loadgen_payments";
 const KEYS: &str = "loadgen_keys";
 
 /// A pool of `pool_size` connections to `DATABASE_URL`, the store over it
-/// and both tables created.
+/// (with a store pool of `store_connections`) and both tables created.
 pub(crate) async fn connect_pg(
     pool_size: u32,
     commit_delay_us: u32,
     test_before_acquire: bool,
+    store_connections: u32,
 ) -> Result<PostgresStore, String> {
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1/test".to_owned());
@@ -48,6 +49,7 @@ pub(crate) async fn connect_pg(
         }
     };
     let store = PostgresStore::new(pool)
+        .store_connections(store_connections)
         .with_table(KEYS)
         .map_err(|e| e.to_string())?;
     store.migrate().await.map_err(|e| e.to_string())?;

@@ -13,6 +13,7 @@ use hashbrown::HashTable;
 
 use crate::store::{ClaimOutcome, Fingerprint, LeaseToken};
 
+use super::weights::{id_of, Weights};
 use super::KeptResponse;
 
 /// Far enough in the future to mean "never" for a record's expiry.
@@ -138,6 +139,12 @@ pub(super) struct Inner {
     /// Every scope that holds a record, found by its keyed hash
     /// ([`KeyHash`]'s scope hash).
     scopes: HashTable<ScopeRecords>,
+    /// The same scopes, ordered by the number of records each holds: a
+    /// full store takes room from the heaviest. Kept only once the store
+    /// has been full since the last sweep (`None` until then): a store
+    /// that never fills pays nothing per request for it, and one that does
+    /// counts its scopes once per sweep, O(n log n) beside the sweep's O(n).
+    weights: Option<Weights>,
     pub(super) next_seq: u64,
     pub(super) next_sweep: Option<SystemTime>,
     /// The last sweep made to find room in a full store.
@@ -204,6 +211,8 @@ impl Inner {
             s.count > 0
         });
         self.strangers.retain(current);
+        // Counted again when the store is next full.
+        self.weights = None;
         (before - self.records.len()) as u64
     }
 
@@ -243,7 +252,12 @@ impl Inner {
         let scope = match self.scope_mut(hash.scope, scope) {
             Some(records) => {
                 records.count += 1;
-                records.scope.clone()
+                let (hash, count) = (records.hash, records.count);
+                let scope = records.scope.clone();
+                if let Some(weights) = &mut self.weights {
+                    weights.moved(hash, id_of(&scope), count - 1, count);
+                }
+                scope
             }
             None => {
                 let shared: Arc<str> = Arc::from(scope);
@@ -255,6 +269,9 @@ impl Inner {
                     succeeded: false,
                 };
                 self.scopes.insert_unique(hash.scope, records, |s| s.hash);
+                if let Some(weights) = &mut self.weights {
+                    weights.moved(hash.scope, id_of(&shared), 0, 1);
+                }
                 shared
             }
         };
@@ -269,6 +286,9 @@ impl Inner {
         if let Ok(mut entry) = found {
             let s = entry.get_mut();
             s.count = s.count.saturating_sub(1);
+            if let Some(weights) = &mut self.weights {
+                weights.moved(s.hash, id_of(&s.scope), s.count + 1, s.count);
+            }
             if s.count == 0 {
                 entry.remove();
             }
@@ -323,12 +343,48 @@ impl Inner {
         false
     }
 
-    /// Removes the oldest completed record of `scope`; `false` if it has
-    /// none. Only completed records: an in-progress one is never evicted.
-    pub(super) fn evict_oldest_completed(&mut self, hash: KeyHash, scope: &str) -> bool {
+    /// Removes the oldest completed record of the heaviest scope other
+    /// than `scope` (whose hashes are `hash`) that holds more than `own + 1`
+    /// records (more than `scope` will hold with its new one); `false` if
+    /// none does, or none of those holds a completed record. So room never
+    /// comes from a caller lighter than the claiming one: a caller within
+    /// its fair share loses nothing.
+    pub(super) fn evict_from_heaviest(&mut self, hash: KeyHash, scope: &str, own: usize) -> bool {
+        let claimant = self.scope(hash, scope).map(|s| id_of(&s.scope));
+        let scopes = &self.scopes;
+        let weights = self.weights.get_or_insert_with(|| {
+            let mut weights = Weights::default();
+            for s in scopes {
+                weights.moved(s.hash, id_of(&s.scope), 0, s.count);
+            }
+            weights
+        });
+        let mut next = weights.heaviest(own.saturating_add(1), None);
+        while let Some(weight @ (_, hash, id)) = next {
+            let heavy = self
+                .scopes
+                .find(hash, |s| id_of(&s.scope) == id)
+                .map(|s| s.scope.clone());
+            if let Some(heavy) = heavy.filter(|_| Some(id) != claimant) {
+                if self.evict_oldest_completed(hash, &heavy) {
+                    return true;
+                }
+            }
+            next = self
+                .weights
+                .as_ref()
+                .and_then(|w| w.heaviest(own.saturating_add(1), Some(weight)));
+        }
+        false
+    }
+
+    /// Removes the oldest completed record of `scope`, whose keyed hash is
+    /// `hash`; `false` if it has none. Only completed records: an
+    /// in-progress one is never evicted.
+    pub(super) fn evict_oldest_completed(&mut self, hash: u64, scope: &str) -> bool {
         loop {
             let Some((seq, record, id)) = self
-                .scope_mut(hash.scope, scope)
+                .scope_mut(hash, scope)
                 .and_then(|s| s.completed.pop_front())
             else {
                 return false;

@@ -1,5 +1,7 @@
 //! [`MemoryStore`]: an in-process store for a single server and for tests.
 //!
+//! May use: `store`.
+//!
 //! In three files: this one holds the store, its settings and its bounds
 //! (making room for a new key, keeping a response); below it, `map.rs`
 //! holds the records and the table that finds them; above it, `ops.rs`
@@ -9,6 +11,7 @@
 mod map;
 mod ops;
 mod response;
+mod weights;
 
 use std::hash::RandomState;
 use std::num::NonZeroUsize;
@@ -38,17 +41,24 @@ const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// and at most [`max_keys_per_scope`](Self::max_keys_per_scope) of them for
 /// one caller (one scope; by default no bound of its own). When a new key
 /// would exceed a bound, expired records are swept first (at most once a
-/// second); then **the claiming caller's own** oldest completed record is
-/// evicted; then the oldest answer stored for a caller that never
-/// succeeded (no 2xx among its records: a made-up scope, say), never the
-/// answer of a caller that did: one caller flooding the store, or many
-/// callers each sending a key, can never make another caller's completed
-/// payment run again inside its expiry, and callers that never succeeded
-/// cannot lock a new caller out. A caller with nothing to give up (the
-/// store full of claims in progress and of answers of callers that
-/// succeeded) gets a transient error (answered `503` + `Retry-After`)
-/// until records expire: refused, never charged twice. Set `max_keys_per_scope` (a quarter of `max_keys`, say) when
-/// callers are not trusted, so that one of them cannot fill the store.
+/// second). Then, for a caller that has succeeded (a 2xx among its
+/// records), room comes from **the heaviest caller**, the one holding the
+/// most records, when that one holds more than the claiming caller will;
+/// then from the claiming caller's own oldest completed record; then from
+/// the oldest answer stored for a caller that never succeeded (a made-up
+/// scope, say). Never from a caller that succeeded and holds no more than
+/// the claiming one: a caller that keeps within its fair share
+/// (`max_keys` / the callers holding records) never loses a completed
+/// record inside its expiry, whatever the others send, however many
+/// credentials they use; callers that never succeeded cannot lock a new
+/// caller out. A caller's first keys, before it has succeeded, take room
+/// only from its own records and from such strangers' answers. A caller
+/// with nothing to give up (the store full of claims in progress and of
+/// answers of callers that succeeded and are no heavier than it) gets a
+/// transient error (answered `503` + `Retry-After`) until records expire:
+/// refused, never charged twice. Set `max_keys_per_scope` (a quarter of
+/// `max_keys`, say) when callers are not trusted, so that one of them
+/// cannot fill the store and hold new callers out.
 /// In-progress claims are never evicted. Every eviction of a completed
 /// record before its expiry is logged at `warn` and counted
 /// ([`evictions`](Self::evictions)): a retry of that key would run its
@@ -198,14 +208,27 @@ impl MemoryStore {
                 return Ok(());
             }
         }
-        // Then the caller's own oldest completed record; then, when the
-        // store as a whole is full, the oldest answer stored for a caller
-        // that never succeeded: never the answer of one that did.
-        if inner.evict_oldest_completed(hash, scope) {
-            return Ok(());
-        }
-        if own(inner) < per_scope && inner.evict_oldest_stranger() {
-            return Ok(());
+        // A caller at its own bound gives up its own oldest completed
+        // record, or nothing.
+        let held = own(inner);
+        if held >= per_scope {
+            if inner.evict_oldest_completed(hash.scope, scope) {
+                return Ok(());
+            }
+        } else {
+            // The store as a whole is full. A caller that succeeded takes
+            // room from the heaviest caller when that one holds more than
+            // it will; then the caller's own oldest completed record; then
+            // the oldest answer stored for a caller that never succeeded.
+            // Never the answer of a caller that succeeded and holds no more
+            // than the claiming one.
+            let succeeded = inner.scope(hash, scope).is_some_and(|s| s.succeeded);
+            if succeeded && inner.evict_from_heaviest(hash, scope, held) {
+                return Ok(());
+            }
+            if inner.evict_oldest_completed(hash.scope, scope) || inner.evict_oldest_stranger() {
+                return Ok(());
+            }
         }
         let why = if own(inner) >= per_scope {
             format!("this caller holds its {per_scope} keys in progress")

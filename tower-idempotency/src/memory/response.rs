@@ -6,7 +6,7 @@
 //! copied into strings, and the first is held inline) and its body. Three
 //! allocations fewer per request; a replay, rarer, turns it into the
 //! `StoredResponse` the trait returns, the same one
-//! [`to_stored`](crate::replay) would have made.
+//! [`to_stored`](crate::request::replay) would have made.
 //!
 //! Uses only the store's types, as the rest of the memory store.
 
@@ -54,9 +54,8 @@ impl Headers {
 
 impl KeptResponse {
     /// What is kept of a response: its status, the values of its `names`
-    /// headers, in order, and its body. Values that are not text are
-    /// left out when it is replayed ([`to_stored`](Self::to_stored)), as
-    /// [`to_stored`](crate::replay) leaves them out.
+    /// headers, in order and byte for byte, and its body, as
+    /// [`to_stored`](crate::request::replay) keeps them.
     pub(crate) fn of(parts: &Parts, names: &[HeaderName], body: Bytes) -> Self {
         let mut headers = Headers::default();
         // Loops, not `to_stored`'s chain of iterators: ~60 instructions
@@ -92,11 +91,12 @@ impl KeptResponse {
                 body,
             } => StoredResponse {
                 status: *status,
-                // Only values that are text, as `to_stored` keeps them.
+                // Byte for byte, as `to_stored` keeps them.
                 headers: headers
                     .iter()
-                    .filter_map(|(name, value)| {
-                        Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+                    .map(|(name, value)| {
+                        let value = Bytes::copy_from_slice(value.as_bytes());
+                        (name.as_str().to_owned(), value)
                     })
                     .collect(),
                 body: body.clone(),
@@ -110,11 +110,11 @@ mod tests {
     use http::header::{CONTENT_TYPE, LOCATION};
 
     use super::*;
-    use crate::replay::to_stored;
+    use crate::request::replay::to_stored;
 
     /// Replayed from the direct path, a response is the one the trait's
     /// path stores: the same headers (repeated ones in order, values that
-    /// are not text left out, names not asked for left out), status and
+    /// are not text kept, names not asked for left out), status and
     /// body; with no header, one, or several kept.
     #[test]
     fn the_kept_response_replays_as_the_stored_one() {

@@ -4,127 +4,25 @@
 //! lease, read it, complete it.
 
 use bytes::Bytes;
-use sqlx::{PgConnection, Postgres, Row, Transaction};
+use sqlx::{Executor, PgConnection, Row};
 
-use crate::context::IdempotencyContext;
 use crate::store::{
     check_ids, headers_from_json, headers_to_json, ClaimOutcome, ClaimRequest, Fingerprint,
     LeaseToken, StoreError, StoredResponse,
 };
 
 use super::error::db_err;
-use super::sql::interval_secs;
+use super::sql::{interval_secs, Lit, Template};
 use super::PostgresStore;
 
+/// `template` with `args` written in, as a simple query (see `sql.rs`).
+pub(super) fn render(template: &Template, args: &[Lit<'_>]) -> Result<String, StoreError> {
+    template.render(args).ok_or_else(|| {
+        StoreError::msg("a scope or key holds a NUL character, which PostgreSQL cannot store")
+    })
+}
+
 impl PostgresStore {
-    /// Completes the key described by `ctx` inside the caller's transaction.
-    ///
-    /// Use this from a handler that writes its own effects (say, a payment
-    /// row) in `tx`: the effect and the stored response then commit or roll
-    /// back together, so a crash can never leave an effect without a
-    /// replayable response. After the handler returns, the layer asks the
-    /// store once more (it cannot know whether `tx` committed), finds the
-    /// key completed and does not store the response again;
-    /// [`commit_completed`](Self::commit_completed) commits and spares that
-    /// call. Returns `Ok(false)` if the lease is no longer current (the
-    /// claim was taken over after the lock timeout); the handler should then
-    /// roll back.
-    ///
-    /// # Errors
-    ///
-    /// In the transactional mode, where the layer completes the key and
-    /// commits itself; or when the store fails.
-    ///
-    /// ```no_run
-    /// # async fn demo(store: tower_idempotency::PostgresStore, ctx: tower_idempotency::IdempotencyContext) -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::StoredResponse;
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO payments (account, amount) VALUES ('a', 1)").execute(&mut *tx).await?;
-    /// let response = StoredResponse::json(201, r#"{"ok":true}"#);
-    /// if store.complete_in_tx(&mut tx, &ctx, &response).await? {
-    ///     tx.commit().await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn complete_in_tx(
-        &self,
-        tx: &mut Transaction<'_, Postgres>,
-        ctx: &IdempotencyContext,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        ctx.completable_by_handler()?;
-        let completed = self
-            .complete_on(tx, ctx.scope(), ctx.key(), ctx.lease(), response)
-            .await?;
-        if completed {
-            ctx.note_completed();
-        }
-        Ok(completed)
-    }
-
-    /// Completes the key described by `ctx` in the caller's transaction and
-    /// commits it: [`complete_in_tx`](Self::complete_in_tx), then the
-    /// commit, in one call. Told that the key is committed, the layer then
-    /// makes no call of its own to store the response (after
-    /// `complete_in_tx` and a commit of the handler's own, it must ask the
-    /// store, since it cannot know whether that transaction committed): one
-    /// statement and one pooled connection fewer per request, two commits
-    /// in all (the claim's and this one).
-    ///
-    /// Returns `Ok(false)`, having rolled the transaction back, if the lease
-    /// is no longer current (the claim was taken over after the lock
-    /// timeout): write anything else before this call.
-    ///
-    /// `tx` is a transaction of the pool (`pool().begin()`), never a
-    /// savepoint inside another one, whose commit would commit nothing yet:
-    /// the type says so (`'static`). The store's own `complete` is not
-    /// called for this request, so a wrapper counting completions sees
-    /// none. Not for the transactional mode
-    /// ([`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)),
-    /// where the layer commits: there it is an error, as `complete_in_tx`
-    /// is.
-    ///
-    /// # Errors
-    ///
-    /// In the transactional mode; when the store fails, or the commit
-    /// (then the layer stores the response itself if the key is still in
-    /// progress).
-    ///
-    /// ```no_run
-    /// # async fn demo(store: tower_idempotency::PostgresStore, ctx: tower_idempotency::IdempotencyContext) -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_idempotency::StoredResponse;
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO payments (account, amount) VALUES ('a', 1)").execute(&mut *tx).await?;
-    /// let response = StoredResponse::json(201, r#"{"ok":true}"#);
-    /// if !store.commit_completed(tx, &ctx, &response).await? {
-    ///     // Taken over: nothing of this request was committed.
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn commit_completed(
-        &self,
-        tx: Transaction<'static, Postgres>,
-        ctx: &IdempotencyContext,
-        response: &StoredResponse,
-    ) -> Result<bool, StoreError> {
-        ctx.completable_by_handler()?;
-        let (scope, key, lease) = (ctx.scope(), ctx.key(), ctx.lease());
-        let done = self
-            .complete_and_commit(tx, scope, key, lease, response)
-            .await;
-        // Committed, or failed maybe at the commit: as after a commit of
-        // the handler's own that failed, the layer stores the response
-        // itself if the key is still in progress.
-        if !matches!(done, Ok(false)) {
-            ctx.note_completed();
-        }
-        if done? {
-            ctx.note_committed();
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
     /// Claims on `conn` (a pooled connection, or the transaction of the
     /// transactional mode, where the claim commits with the handler's
     /// writes). A claim that loses the insert race and then finds the row
@@ -146,21 +44,30 @@ impl PostgresStore {
     ) -> Result<(ClaimOutcome, bool), StoreError> {
         check_ids(req.scope, req.key)?;
         self.maybe_sweep();
+        let lease_text = lease.0.to_string();
+        let sql = render(
+            &self.queries.claim,
+            &[
+                Lit::Text(req.scope),
+                Lit::Text(req.key),
+                Lit::Bytes(req.fingerprint.as_bytes().as_slice()),
+                Lit::Float(interval_secs(req.ttl)),
+                Lit::Text(&lease_text),
+                Lit::Float(interval_secs(req.lock_timeout)),
+            ],
+        )?;
         for _ in 0..8 {
-            let claimed = sqlx::query(&self.queries.claim)
-                .bind(req.scope)
-                .bind(req.key)
-                .bind(req.fingerprint.as_bytes().as_slice())
-                .bind(interval_secs(req.ttl))
-                .bind(lease.0.to_string())
-                .bind(interval_secs(req.lock_timeout))
-                .fetch_optional(&mut *conn)
-                .await;
+            let claimed = (&mut *conn).fetch_optional(sql.as_str()).await;
             let claimed = match claimed {
                 // The transactional mode waits on a row an open transaction
-                // holds for at most its `lock_timeout`: that request is in
-                // progress.
-                Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                // holds for at most its `lock_timeout` (55P03): that request
+                // is in progress. So it is when a `statement_timeout` the
+                // role or the database sets ends the wait first (57014):
+                // the one wait a claim of one row by its key can have is on
+                // a transaction holding that row.
+                Err(sqlx::Error::Database(db))
+                    if matches!(db.code().as_deref(), Some("55P03" | "57014")) =>
+                {
                     let busy = ClaimOutcome::InProgress {
                         fingerprint_matches: true,
                     };
@@ -209,11 +116,15 @@ impl PostgresStore {
         conn: &mut PgConnection,
         req: ClaimRequest<'_>,
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.queries.mark_stale)
-            .bind(req.scope)
-            .bind(req.key)
-            .bind(interval_secs(req.lock_timeout))
-            .execute(conn)
+        let sql = render(
+            &self.queries.mark_stale,
+            &[
+                Lit::Text(req.scope),
+                Lit::Text(req.key),
+                Lit::Float(interval_secs(req.lock_timeout)),
+            ],
+        )?;
+        conn.execute(sql.as_str())
             .await
             .map_err(db_err("marking a stale idempotency lease"))?;
         Ok(())
@@ -228,10 +139,9 @@ impl PostgresStore {
         key: &str,
         fingerprint: Fingerprint,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let row = sqlx::query(&self.queries.select)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&mut *conn)
+        let sql = render(&self.queries.select, &[Lit::Text(scope), Lit::Text(key)])?;
+        let row = (&mut *conn)
+            .fetch_optional(sql.as_str())
             .await
             .map_err(db_err("reading idempotency key"))?;
         let Some(row) = row else { return Ok(None) };
@@ -248,7 +158,7 @@ impl PostgresStore {
         let code: Option<i16> = row.try_get("response_code").map_err(db_err("decode"))?;
         let headers: Option<String> = row.try_get("headers").map_err(db_err("decode"))?;
         let body: Option<Vec<u8>> = row.try_get("body").map_err(db_err("decode"))?;
-        let headers: Vec<(String, String)> = match headers {
+        let headers: Vec<(String, Bytes)> = match headers {
             Some(text) => headers_from_json(text.as_bytes())?,
             None => Vec::new(),
         };
@@ -274,14 +184,20 @@ impl PostgresStore {
         response: &StoredResponse,
     ) -> Result<bool, StoreError> {
         let status = status_column(response)?;
-        let result = sqlx::query(&self.queries.complete)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .bind(status)
-            .bind(headers_to_json(&response.headers)?)
-            .bind(response.body.as_ref())
-            .execute(conn)
+        let (lease, headers) = (lease.0.to_string(), headers_to_json(&response.headers)?);
+        let sql = render(
+            &self.queries.complete,
+            &[
+                Lit::Text(scope),
+                Lit::Text(key),
+                Lit::Text(&lease),
+                Lit::Int(status.into()),
+                Lit::Text(&headers),
+                Lit::Bytes(&response.body),
+            ],
+        )?;
+        let result = conn
+            .execute(sql.as_str())
             .await
             .map_err(db_err("completing idempotency key"))?;
         Ok(result.rows_affected() == 1)

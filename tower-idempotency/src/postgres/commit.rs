@@ -37,11 +37,22 @@ impl PostgresStore {
             &headers,
             &response.body,
         ) else {
-            // A value a simple query cannot carry: two round trips.
-            if !self
-                .complete_on(&mut tx, scope, key, lease, response)
-                .await?
-            {
+            // A body too large to write into the query: bound, in an
+            // unnamed statement (parsed, then executed: inside the
+            // transaction, which a transaction-mode pooler keeps on one
+            // server), then committed.
+            let stored = sqlx::query(&self.queries.complete_bound)
+                .bind(scope)
+                .bind(key)
+                .bind(&lease_text)
+                .bind(status)
+                .bind(&headers)
+                .bind(response.body.as_ref())
+                .persistent(false)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("completing idempotency key"))?;
+            if stored.rows_affected() != 1 {
                 return rolled_back(tx).await;
             }
             tx.commit()

@@ -1,6 +1,7 @@
 //! The store's own connections: pools made from the main pool's options,
-//! hooks and connect options, and the connections the store keeps between
-//! its statements.
+//! hooks and connect options (the lease pool; the store pool, when the
+//! user opens one with `PostgresStore::store_connections`), and the store
+//! pool's connections the store keeps between its statements.
 //!
 //! sqlx pings a connection (one round trip) each time one is taken from a
 //! pool (`test_before_acquire`) and each time one is given back (always).

@@ -5,14 +5,24 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPool;
 
+use sqlx::Executor;
+
 use crate::store::{LeaseToken, StoreError};
 
+use super::claim::render;
 use super::error::db_err;
+use super::sql::Lit;
 use super::{DerivedPool, PostgresStore};
 
 /// Connections of the pool that extends leases (see
 /// [`PostgresStore::new`]).
 const LEASE_POOL_SIZE: u32 = 2;
+
+/// How long a lease pool connection stays open after its last extension:
+/// while handlers run long enough to need a heartbeat (every third of a
+/// lock timeout), their extensions find it open; once none does, the slot
+/// goes back to the server (or the pooler) within this.
+const LEASE_POOL_IDLE: Duration = Duration::from_secs(10);
 
 /// How long one lease extension may take on one pool, connecting
 /// included, before it counts as failed. Short: after an outage the
@@ -32,6 +42,7 @@ impl PostgresStore {
                     options
                         .max_connections(LEASE_POOL_SIZE)
                         .min_connections(0)
+                        .idle_timeout(LEASE_POOL_IDLE)
                         .acquire_timeout(LEASE_CALL_TIMEOUT)
                 })
             })
@@ -46,11 +57,12 @@ impl PostgresStore {
         key: &str,
         lease: LeaseToken,
     ) -> Result<bool, StoreError> {
-        let extend = sqlx::query(&self.queries.extend)
-            .bind(scope)
-            .bind(key)
-            .bind(lease.0.to_string())
-            .execute(pool);
+        let lease = lease.0.to_string();
+        let sql = render(
+            &self.queries.extend,
+            &[Lit::Text(scope), Lit::Text(key), Lit::Text(&lease)],
+        )?;
+        let extend = pool.execute(sql.as_str());
         let Ok(result) = tokio::time::timeout(LEASE_CALL_TIMEOUT, extend).await else {
             let err = StoreError::msg(format!(
                 "extending the lease of an idempotency key: no answer within {LEASE_CALL_TIMEOUT:?}"

@@ -2,6 +2,8 @@
 //! sweeping its expired rows, in bounded batches, from a short task a claim
 //! starts at most once per `sweep_every`.
 
+use sqlx::Executor;
+
 use crate::store::{spawn_sweep, StoreError};
 
 use super::error::db_err;
@@ -32,8 +34,9 @@ impl PostgresStore {
             )
             .replace("idempotency_keys", table);
         let mut tx = self.pool.begin().await.map_err(db_err("migrate: begin"))?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_migrate'))")
-            .execute(&mut *tx)
+        // A simple query, as every statement of the store (see `sql.rs`).
+        (&mut *tx)
+            .execute("SELECT pg_advisory_xact_lock(hashtext('tower_idempotency_migrate'))")
             .await
             .map_err(db_err("migrate: advisory lock"))?;
         sqlx::raw_sql(&sql)

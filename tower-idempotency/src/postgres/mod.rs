@@ -1,24 +1,30 @@
 //! [`PostgresStore`]: a store shared by every server instance, in PostgreSQL.
 //!
+//! May use: `store`.
+//!
 //! The schema lives in the crate's `migrations/` folder and is applied by
 //! [`PostgresStore::migrate`]. Every timestamp (claim, lease, expiry, sweep)
 //! is computed by the database with `now()`, never from a replica's clock, so
 //! a replica whose clock runs ahead cannot take over a live claim.
 //!
 //! This file holds the store, its pools and its settings. Below it, files
-//! that import nothing above them: `sql.rs` (the statements and the
-//! migrations), `error.rs` (what a failure means) and `conns.rs` (the
-//! store's own pools and the connections it keeps). Above it, each an
-//! `impl PostgresStore` of its own: `lease.rs` (keeping leases alive),
+//! that import nothing above them: `sql.rs` (the statements, sent as simple
+//! queries, and the migrations), `error.rs` (what a failure means) and
+//! `conns.rs` (pools derived from the main one and the connections a store
+//! pool keeps). Above it, each an `impl PostgresStore` of its own:
+//! `pools.rs` (which connection a call runs on: the main pool's by
+//! default, inside the budget the user sized), `lease.rs` (keeping leases alive),
 //! `maintenance.rs` (migrating, sweeping), `claim.rs` (one key's row, on a
 //! given connection, which the transactional mode uses too) and `ops.rs`
-//! (the store trait). They use the store's types and the request context,
-//! nothing of the layer.
+//! (the store trait). They use the store's types, nothing of the request
+//! path or the layer: the two completions that take the layer's request
+//! context live with the request path (`request/in_tx.rs`).
 
-/// Runs `$op` (a future using the connection `$conn`) on a connection the
-/// store keeps, and once more on another one each time it fails because
-/// the connection is broken, as often as the store pool holds connections
-/// (see `conns.rs`). For statements that are safe to repeat: a read, a
+/// Runs `$op` (a future using the connection `$conn`) on a connection of
+/// the main pool (or of the store pool, kept, when the user opened one),
+/// and once more on another one each time it fails because the connection
+/// is broken, as often as that pool holds connections (see `conns.rs`).
+/// For statements that are safe to repeat: a read, a
 /// claim with the same lease token, a completion or a release (repeated
 /// after one that committed, they report the lease as gone, which the
 /// layer treats as it treats any lost lease: it answers with what the
@@ -26,7 +32,7 @@
 macro_rules! on_kept {
     ($store:expr, $conn:ident => $op:expr) => {{
         let store = &$store;
-        let mut tries = store.store_pool().options().get_max_connections();
+        let mut tries = store.retries();
         loop {
             let mut $conn = store.kept().await?;
             let result = $op.await;
@@ -46,6 +52,7 @@ mod maintenance;
 mod ops;
 #[cfg(test)]
 mod own_claim_tests;
+mod pools;
 mod sql;
 
 use std::sync::Arc;
@@ -55,7 +62,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use crate::store::{StoreError, SweepSchedule};
 
-use self::conns::{broken, DerivedPool, KeptConn, Stash};
+use self::conns::{DerivedPool, Stash};
 pub(crate) use self::error::db_err;
 pub use self::sql::MIGRATION_SQL;
 use self::sql::{Queries, DEFAULT_TABLE};
@@ -66,9 +73,10 @@ use self::sql::{Queries, DEFAULT_TABLE};
 /// with its lease pool of 2, still fit in the 97 connections PostgreSQL's
 /// default `max_connections` of 100 leaves to ordinary roles (3 × 32 = 96).
 /// (sqlx's default of 10 left 32 concurrent requests queueing for
-/// connections.) The store's own pool (see [`PostgresStore::new`]) may
-/// open as many again at peak; where the server has no slot left for it,
-/// the store's statements go through this pool.
+/// connections.) The store's statements borrow this pool's connections and
+/// give them back; nothing else is opened except the lease pool's 2 (see
+/// [`PostgresStore::new`]) and, when you ask for one, a store pool of the
+/// size you give ([`PostgresStore::store_connections`]).
 pub const DEFAULT_POOL_SIZE: u32 = 30;
 
 /// An idempotency store backed by a PostgreSQL table (default
@@ -89,6 +97,8 @@ pub const DEFAULT_POOL_SIZE: u32 = 30;
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The size of the store pool; 0: none, the main pool serves.
+    store_connections: u32,
     queries: Arc<Queries>,
     /// The lease pool and the sweeping schedule, shared by clones.
     shared: Arc<Shared>,
@@ -112,15 +122,22 @@ struct Shared {
     /// with the main pool's options and hooks.
     lease_pool: std::sync::OnceLock<DerivedPool>,
     /// The pool of the store's own statements and of the transactional
-    /// mode's transactions (see [`PostgresStore::new`]), opened on first
-    /// use with the main pool's options and hooks.
+    /// mode's transactions, when the user asked for one (see
+    /// [`PostgresStore::store_connections`]), opened on first use with the
+    /// main pool's options and hooks.
     store_pool: std::sync::OnceLock<DerivedPool>,
     /// The store pool's connections kept between the store's statements.
     stash: Stash,
-    /// When the store pool last failed to hand over a connection.
+    /// When the store pool last failed to hand over a connection, while
+    /// the main pool serves for it (an episode, logged once).
     store_pool_failed: std::sync::Mutex<Option<Instant>>,
+    /// Whether the lease pool failed its last extension and the main pool
+    /// served it (an episode, logged once).
+    lease_pool_failing: std::sync::atomic::AtomicBool,
     /// When the next sweep is due.
     sweep: SweepSchedule,
+    /// How often sweeps are due (`sweep`'s setting).
+    sweep_every: Option<Duration>,
 }
 
 impl Shared {
@@ -130,8 +147,10 @@ impl Shared {
             store_pool: std::sync::OnceLock::new(),
             stash: Stash::default(),
             store_pool_failed: std::sync::Mutex::new(None),
+            lease_pool_failing: std::sync::atomic::AtomicBool::new(false),
             // The first sweep within a minute of the store's start.
             sweep: SweepSchedule::new(sweep_every, Duration::from_secs(60)),
+            sweep_every,
         }
     }
 }
@@ -139,34 +158,36 @@ impl Shared {
 impl PostgresStore {
     /// A store using `pool` and the default table `idempotency_keys`.
     ///
-    /// Lease extensions (the heartbeat of running handlers) go through a
-    /// second pool of at most 2 connections, opened on first use with
-    /// `pool`'s options, hooks (`after_connect`, ...) and connect options
-    /// (and any newer ones set on `pool` later, such as a rotated
-    /// password), each call bounded to 1 s: a heartbeat never queues behind
-    /// the handlers' own connections (a handler holding a pooled
-    /// transaction, a pool too small for the load), and after an outage of
-    /// the database it is back within one heartbeat, not after the main
-    /// pool's connect back-off. An extension the lease pool cannot make (no
-    /// connection slot left on the server, say) is tried once more on
-    /// `pool`, also bounded to 1 s. Count those 2 connections in
-    /// PostgreSQL's `max_connections`.
+    /// **Connections.** The store's statements (claims, completions, ...)
+    /// and the transactional mode's transactions borrow `pool`'s
+    /// connections and give them back after each call: they live inside
+    /// the budget you sized `pool` for, and your handlers' own
+    /// `pool().begin()` gets every connection `pool` was configured to
+    /// open, whatever ran before. A call through `pool` costs sqlx's pings
+    /// too (one as a connection is taken, unless the pool was built with
+    /// `.test_before_acquire(false)`; one as it goes back):
+    /// [`store_connections`](Self::store_connections) trades a budget of
+    /// your choosing for those round trips.
     ///
-    /// The store's own statements (claims, completions, ...) and the
-    /// transactional mode's transactions go through a third pool, as large
-    /// as `pool` and opened on first use the same way, with `pool`'s
-    /// options and hooks but without sqlx's liveness ping at checkout; the
-    /// store keeps its connections between statements instead of giving
-    /// them back (sqlx pings each connection given back): a statement
-    /// costs one round trip, not three. `after_connect` runs on each of its
-    /// connections; `before_acquire` and `after_release` run when the store
-    /// takes one from that pool or gives one back, not around each
-    /// statement on a kept connection. A connection the server closed is
-    /// found by the statement that fails on it, which is then repeated on
-    /// another (a claim keeps its lease token, so a repeated claim that
-    /// finds its own row is claimed). When that pool cannot hand over a
-    /// connection within 1 s (no slot left on the server), `pool` serves
-    /// for 10 s. Count up to `pool`'s size again in `max_connections`.
+    /// Besides, lease extensions (the heartbeat of running handlers) go
+    /// through a pool of at most **2** connections of their own, opened on
+    /// first use with `pool`'s options, hooks (`after_connect`, ...) and
+    /// connect options (and any newer ones set on `pool` later, such as a
+    /// rotated password), each call bounded to 1 s, and closed 10 s after
+    /// the last extension: a heartbeat never queues behind the handlers'
+    /// own connections (a handler holding a pooled transaction, a pool too
+    /// small for the load), and after an outage of the database it is back
+    /// within one heartbeat, not after the main pool's connect back-off.
+    /// An extension the lease pool cannot make (no connection slot left on
+    /// the server, say) is tried once more on `pool`, also bounded to 1 s,
+    /// and logged at `warn` once until the lease pool serves again. Count
+    /// those 2 connections in PostgreSQL's `max_connections`, a role's
+    /// `CONNECTION LIMIT` or a pooler's pool, beside `pool`'s size.
+    ///
+    /// Every statement goes as a simple query, with no prepared statement:
+    /// PgBouncer in session and in transaction mode carries it (see the
+    /// stores guide for what a transaction-mode pooler asks of the
+    /// handlers' own statements).
     ///
     /// The store sweeps expired records by itself, in bounded batches from
     /// a short task started by a claim at most once per
@@ -174,6 +195,7 @@ impl PostgresStore {
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
+            store_connections: 0,
             queries: Arc::new(Queries::new(DEFAULT_TABLE)),
             shared: Arc::new(Shared::new(Some(DEFAULT_SWEEP_EVERY))),
         }
@@ -261,107 +283,5 @@ impl PostgresStore {
     /// The table this store uses.
     pub fn table(&self) -> &str {
         &self.queries.table
-    }
-
-    /// The pool of the store's own statements and transactions: `pool`'s
-    /// options, hooks and size, without sqlx's ping at checkout (see
-    /// `conns.rs`), waiting at most [`STORE_POOL_WAIT`] for a connection.
-    fn store_pool(&self) -> &PgPool {
-        self.shared
-            .store_pool
-            .get_or_init(|| {
-                DerivedPool::new(&self.pool, |options| {
-                    let wait = options.get_acquire_timeout().min(STORE_POOL_WAIT);
-                    options
-                        .test_before_acquire(false)
-                        .min_connections(0)
-                        .acquire_timeout(wait)
-                })
-            })
-            .get(&self.pool)
-    }
-
-    /// The store pool, unless it failed to hand over a connection less than
-    /// [`STORE_POOL_REST`] ago, or the main pool was closed: then the main
-    /// pool serves (a closed one refuses).
-    fn store_pool_now(&self) -> Option<&PgPool> {
-        if self.pool.is_closed() {
-            self.shared.stash.flush();
-            return None;
-        }
-        let failed = self.shared.store_pool_failed.lock();
-        let failed = *failed.unwrap_or_else(|p| p.into_inner());
-        match failed {
-            Some(at) if at.elapsed() < STORE_POOL_REST => None,
-            _ => Some(self.store_pool()),
-        }
-    }
-
-    /// Notes that the store pool could not hand over a connection (`err`).
-    fn store_pool_failed(&self, err: &sqlx::Error) {
-        tracing::debug!(error = %err, "the store pool failed; the main pool serves for a while");
-        let failed = self.shared.store_pool_failed.lock();
-        *failed.unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    }
-
-    /// A connection for the store's statements: one it kept, or a new one
-    /// from the store pool, or one of the main pool's if the store pool
-    /// cannot hand one over (no connection slot left on the server, say).
-    async fn kept(&self) -> Result<KeptConn, StoreError> {
-        if let Some(pool) = self.store_pool_now() {
-            if let Some(conn) = self.shared.stash.take(pool) {
-                return Ok(conn);
-            }
-            match pool.acquire().await {
-                Ok(conn) => return Ok(KeptConn::new(conn, true)),
-                Err(err) => self.store_pool_failed(&err),
-            }
-        }
-        let conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(db_err("acquiring a connection"))?;
-        Ok(KeptConn::new(conn, false))
-    }
-
-    /// Done with `conn` after `result` (see [`KeptConn::finish`]); `true`:
-    /// try again on another connection, if `tries` are left. At most half
-    /// of the store pool is kept idle: the transactional mode takes its
-    /// transactions from the same pool.
-    fn finish<T>(&self, tries: &mut u32, conn: KeptConn, result: &Result<T, StoreError>) -> bool {
-        let limit = self
-            .store_pool()
-            .options()
-            .get_max_connections()
-            .div_ceil(2);
-        let again = conn.finish(&self.shared.stash, limit as usize, result);
-        if !again || *tries == 0 {
-            return false;
-        }
-        *tries -= 1;
-        true
-    }
-
-    /// A transaction started with `begin` on the store pool (on the main
-    /// pool if the store pool cannot hand over a connection). A connection
-    /// the server closed fails the `BEGIN` (which changes nothing): then
-    /// on another, as many times as the pool holds connections.
-    pub(crate) async fn begin_with(
-        &self,
-        begin: std::borrow::Cow<'static, str>,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        let mut pool = self.store_pool_now().unwrap_or(&self.pool);
-        let mut tries = pool.options().get_max_connections();
-        loop {
-            match pool.begin_with(begin.clone()).await {
-                Err(err) if broken(&err) && tries > 0 => tries -= 1,
-                Err(err @ sqlx::Error::PoolTimedOut) if !std::ptr::eq(pool, &self.pool) => {
-                    self.store_pool_failed(&err);
-                    pool = &self.pool;
-                }
-                other => return other.map_err(db_err("beginning a transaction")),
-            }
-        }
     }
 }

@@ -2,15 +2,21 @@
 //! connection the store keeps (lease extensions on the lease pool first,
 //! sweeps on the main pool).
 
+use std::sync::atomic::Ordering;
+
 use async_trait::async_trait;
+
+use sqlx::Executor;
 
 use crate::store::{
     ClaimOutcome, ClaimRequest, Fingerprint, IdempotencyStore, LeaseToken, StoreError,
     StoredResponse,
 };
 
+use super::claim::render;
 use super::error::db_err;
 use super::maintenance::SWEEP_BATCH;
+use super::sql::Lit;
 use super::PostgresStore;
 
 #[async_trait]
@@ -59,10 +65,27 @@ impl IdempotencyStore for PostgresStore {
         // (sqlx reports a connection the server refused, for want of a
         // slot say, as a pool timeout, like an unreachable server: either
         // way the main pool gets one bounded try.)
+        // The main pool's try is a fallback a user depends on: logged at
+        // `warn` once an episode (until the lease pool serves again).
+        let failing = &self.shared.lease_pool_failing;
         match self.extend_on(self.lease_pool(), scope, key, lease).await {
-            Ok(extended) => Ok(extended),
+            Ok(extended) => {
+                if failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the idempotency lease pool serves again");
+                }
+                Ok(extended)
+            }
             Err(err) => {
-                tracing::debug!(error = %err, "the lease pool failed; extending on the main pool");
+                if failing.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(error = %err, "the lease pool failed; extending on the main pool");
+                } else {
+                    tracing::warn!(
+                        error = %err,
+                        "the idempotency lease pool could not extend a lease; the application's \
+                         pool extends leases until it can (count the lease pool's 2 connections \
+                         in the server's or the pooler's budget)"
+                    );
+                }
                 self.extend_on(&self.pool, scope, key, lease).await
             }
         }
@@ -70,12 +93,13 @@ impl IdempotencyStore for PostgresStore {
 
     async fn release(&self, scope: &str, key: &str, lease: LeaseToken) -> Result<bool, StoreError> {
         let lease = lease.0.to_string();
+        let sql = render(
+            &self.queries.release,
+            &[Lit::Text(scope), Lit::Text(key), Lit::Text(&lease)],
+        )?;
         let result = on_kept!(self, conn => async {
-            sqlx::query(&self.queries.release)
-                .bind(scope)
-                .bind(key)
-                .bind(&lease)
-                .execute(&mut *conn)
+            (&mut *conn)
+                .execute(sql.as_str())
                 .await
                 .map_err(db_err("releasing idempotency key"))
         })?;
@@ -87,10 +111,11 @@ impl IdempotencyStore for PostgresStore {
         // million expired rows shrinks batch by batch, within any
         // `statement_timeout`, and never holds one long lock.
         let mut swept = 0;
+        let sql = render(&self.queries.sweep, &[Lit::Int(SWEEP_BATCH)])?;
         loop {
-            let batch = sqlx::query(&self.queries.sweep)
-                .bind(SWEEP_BATCH)
-                .execute(&self.pool)
+            let batch = self
+                .pool
+                .execute(sql.as_str())
                 .await
                 .map_err(db_err("sweeping expired idempotency keys"))?
                 .rows_affected();

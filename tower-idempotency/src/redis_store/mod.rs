@@ -1,6 +1,8 @@
 //! [`RedisStore`]: the keys in Redis, shared by every replica of a service;
 //! [`RedisClusterStore`]: the same on a Redis Cluster.
 //!
+//! May use: `store`.
+//!
 //! ```no_run
 //! use tower_idempotency::{IdempotencyLayer, RedisStore};
 //!

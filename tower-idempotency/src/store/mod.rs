@@ -1,5 +1,7 @@
 //! The storage abstraction: [`IdempotencyStore`] and the types it exchanges.
 //!
+//! May use: nothing of the crate, only std and external crates.
+//!
 //! A store keeps one record per `(scope, key)`. A record is either *in progress*
 //! (claimed by one request, identified by a [`LeaseToken`]) or *completed*
 //! (holding the [`StoredResponse`] to replay). Every record remembers the
@@ -8,9 +10,9 @@
 //!
 //! The trait and [`spawn_sweeper`] are here; below them, in files of their
 //! own that import nothing above them, the values a store exchanges
-//! (`values.rs`), its error (`error.rs`) and its clock (`clock.rs`). Every
-//! store and the layer import this folder; it imports nothing else of the
-//! crate.
+//! (`values.rs`), its error (`error.rs`) and its clock (`clock.rs`). The bottom
+//! floor: every store, the request path and the layer import this folder;
+//! it imports nothing else of the crate.
 
 mod clock;
 mod error;

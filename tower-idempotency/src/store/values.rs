@@ -81,15 +81,17 @@ impl fmt::Display for LeaseToken {
 pub struct StoredResponse {
     /// HTTP status code.
     pub status: u16,
-    /// Selected response headers (name in lower case, value as text), in order.
-    pub headers: Vec<(String, String)>,
+    /// Selected response headers, in order: the name in lower case, the
+    /// value as the handler sent it, byte for byte (a value need not be
+    /// text: a UTF-8 file name, a Latin-1 byte).
+    pub headers: Vec<(String, Bytes)>,
     /// The complete response body.
     pub body: Bytes,
 }
 
 impl StoredResponse {
     /// Creates a stored response.
-    pub fn new(status: u16, headers: Vec<(String, String)>, body: impl Into<Bytes>) -> Self {
+    pub fn new(status: u16, headers: Vec<(String, Bytes)>, body: impl Into<Bytes>) -> Self {
         Self {
             status,
             headers,
@@ -104,23 +106,65 @@ impl StoredResponse {
     pub fn json(status: u16, body: impl Into<Bytes>) -> Self {
         Self::new(
             status,
-            vec![("content-type".to_owned(), "application/json".to_owned())],
+            vec![(
+                "content-type".to_owned(),
+                Bytes::from_static(b"application/json"),
+            )],
             body,
         )
     }
 }
 
-/// A stored response's headers as the shared stores keep them: a JSON
-/// array of `[name, value]` pairs.
+/// A header value as the shared stores write it: a JSON string when its
+/// bytes are UTF-8 (every value the format before this one kept, written
+/// the same way), else the array of its bytes.
 #[cfg(any(feature = "postgres", feature = "redis"))]
-pub(crate) fn headers_to_json(headers: &[(String, String)]) -> Result<String, StoreError> {
-    serde_json::to_string(headers).map_err(|e| StoreError::with_source("encoding headers", e))
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum ValueOut<'a> {
+    Text(&'a str),
+    Bytes(&'a [u8]),
 }
 
-/// The headers [`headers_to_json`] wrote.
+/// A header value as the shared stores read it: either form of
+/// [`ValueOut`], so records written before values were kept as bytes
+/// (text only) are read as they were (a rolling upgrade).
 #[cfg(any(feature = "postgres", feature = "redis"))]
-pub(crate) fn headers_from_json(json: &[u8]) -> Result<Vec<(String, String)>, StoreError> {
-    serde_json::from_slice(json).map_err(|e| StoreError::with_source("decoding stored headers", e))
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum ValueIn {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+/// A stored response's headers as the shared stores keep them: a JSON
+/// array of `[name, value]` pairs, each value a string when it is UTF-8,
+/// else the array of its bytes.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn headers_to_json(headers: &[(String, Bytes)]) -> Result<String, StoreError> {
+    let pairs: Vec<(&str, ValueOut<'_>)> = headers
+        .iter()
+        .map(|(name, value)| {
+            let value = std::str::from_utf8(value).map_or(ValueOut::Bytes(value), ValueOut::Text);
+            (name.as_str(), value)
+        })
+        .collect();
+    serde_json::to_string(&pairs).map_err(|e| StoreError::with_source("encoding headers", e))
+}
+
+/// The headers [`headers_to_json`] wrote, or the format before it (values
+/// as strings only).
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) fn headers_from_json(json: &[u8]) -> Result<Vec<(String, Bytes)>, StoreError> {
+    let pairs: Vec<(String, ValueIn)> = serde_json::from_slice(json)
+        .map_err(|e| StoreError::with_source("decoding stored headers", e))?;
+    Ok(pairs
+        .into_iter()
+        .map(|(name, value)| match value {
+            ValueIn::Text(text) => (name, Bytes::from(text)),
+            ValueIn::Bytes(bytes) => (name, Bytes::from(bytes)),
+        })
+        .collect())
 }
 
 /// Parameters of one claim attempt.
@@ -204,4 +248,44 @@ pub(crate) fn check_ids(scope: &str, key: &str) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "redis")))]
+mod tests {
+    use super::*;
+
+    /// Values are written as strings when they are UTF-8, as arrays of
+    /// bytes otherwise, and read back byte for byte.
+    #[test]
+    fn header_values_round_trip_byte_for_byte() {
+        let headers = vec![
+            ("content-type".to_owned(), Bytes::from_static(b"text/plain")),
+            ("location".to_owned(), Bytes::from("/r\u{e9}sum\u{e9}")),
+            ("x-latin-1".to_owned(), Bytes::from_static(b"r\xe9sum\xe9")),
+        ];
+        let json = headers_to_json(&headers).unwrap();
+        assert_eq!(
+            json,
+            r#"[["content-type","text/plain"],["location","/résumé"],["x-latin-1",[114,233,115,117,109,233]]]"#
+        );
+        assert_eq!(headers_from_json(json.as_bytes()).unwrap(), headers);
+    }
+
+    /// A record written before values were kept as bytes (every value a
+    /// string) is still read: a rolling upgrade replays what the old
+    /// version stored.
+    #[test]
+    fn headers_of_the_format_before_are_read() {
+        let old = br#"[["content-type","application/json"],["x-a","1"]]"#;
+        assert_eq!(
+            headers_from_json(old).unwrap(),
+            vec![
+                (
+                    "content-type".to_owned(),
+                    Bytes::from_static(b"application/json")
+                ),
+                ("x-a".to_owned(), Bytes::from_static(b"1")),
+            ]
+        );
+    }
 }

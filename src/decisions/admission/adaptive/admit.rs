@@ -3,17 +3,8 @@
 //! and its pacing: what an answer says about its route's rate, and a
 //! paced route's answer.
 //!
-//! # The scope of a limit, learnt from the evidence
-//!
-//! Pacing starts per [`Route`]: a throttling answer proves something about
-//! its path. Most public APIs, though, limit an account or a token across
-//! every endpoint; each route paced as if alone sends its share at the
-//! whole limit's rate, and the retries of twenty routes come back together
-//! when their Retry-After ends. Throttling answers (429s, spent quotas)
-//! from [`WIDER_AFTER`] routes within [`SCOPE_WINDOW`], no success on the
-//! host since, prove a wider limit: the host is paced as one, for every
-//! route, until calm (the pacing's `CALM`); then routes are paced on their
-//! own again. One route throttled while others succeed paces it alone.
+//! Whose limit a throttling answer speaks of, and which routes a limit
+//! wider than one holds: the `scope` module.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -141,18 +132,22 @@ impl RetryAdmission for AdaptiveAdmission {
         if self.paced.load(Ordering::Relaxed) == 0 {
             return go;
         }
-        self.host(partition, now, |h| match self.pace(h, route, now) {
-            // A call already held keeps its place in the queue, so the
-            // queue behind a reset goes out at the rate, not as one wave.
-            Some(pace)
-                if pace.governs(now)
-                    && (pacing == FirstAttemptPacing::Always
-                        || !waited.is_zero()
-                        || pace.quota_spent(now)) =>
-            {
-                Self::release(pace, now)
+        self.host(partition, now, |h| {
+            // Only a quota reported spent to this route holds its calls.
+            let own_quota = h.paces.as_ref().is_none_or(|p| p.own_quota(route));
+            match self.pace(h, route, now) {
+                // A call already held keeps its place in the queue, so the
+                // queue behind a reset goes out at the rate, not as one wave.
+                Some(pace)
+                    if pace.governs(now)
+                        && (pacing == FirstAttemptPacing::Always
+                            || !waited.is_zero()
+                            || (own_quota && pace.quota_spent(now))) =>
+                {
+                    Self::release(pace, now)
+                }
+                _ => go,
             }
-            _ => go,
         })
     }
 
@@ -254,12 +249,22 @@ impl AdaptiveAdmission {
         let max_rate = self.config.max_release_rate;
         let route = attempt.route();
         let throttling = attempt.was_too_fast() || exhausted.is_some();
+        let policy = attempt.rate_limit().and_then(|r| r.policy_id());
+        let spent = exhausted.is_some();
         // The answer's hint, if it holds a pacing: a 429's Retry-After.
         let hint = attempt.retry_after().filter(|_| attempt.was_too_fast());
         self.host(partition, now, |h| {
-            if success {
-                self.no_wider(h);
+            if let Some(paces) = h.paces.as_mut().filter(|_| success) {
+                // A success: throttling so far proves no wider limit.
+                paces.no_wider();
             }
+            // A route that throttled for the owner of a wider limit joins
+            // it; its request was not sent under that limit's slot.
+            let joined = throttling
+                && !success
+                && h.paces
+                    .as_mut()
+                    .is_some_and(|p| p.join(route, policy, spent));
             // Pacings that have ended are dropped here too, so that a
             // host's successes stop taking this lock once it is calm.
             if self.pace(h, route, now).is_none() {
@@ -274,13 +279,17 @@ impl AdaptiveAdmission {
             // says its route's quota is spent.
             let widened = throttling
                 && !success
-                && self.widen(
-                    h,
-                    route,
-                    (Pace::begin(now, quota_rate, max_rate), hint),
-                    now,
-                );
-            let released = released && !widened;
+                && h.paces.as_mut().is_some_and(|p| {
+                    p.widen(
+                        (route, policy, spent),
+                        (Pace::begin(now, quota_rate, max_rate), hint),
+                        now,
+                    )
+                });
+            if widened {
+                self.paced.fetch_add(1, Ordering::Relaxed);
+            }
+            let released = released && !widened && !joined;
             let Some(pace) = self.pace(h, route, now) else {
                 return;
             };
@@ -296,64 +305,29 @@ impl AdaptiveAdmission {
     }
 }
 
-/// The most routes of one host paced at once: past it, the route calm the
-/// longest makes room (a host whose every object id is its own path must
-/// not grow the table without bound).
-const MAX_PACED_ROUTES: usize = 64;
-
-/// Distinct routes throttled, none succeeding, that prove a limit wider
-/// than a route.
-const WIDER_AFTER: usize = 2;
-
-/// How close together their throttling answers must be.
-const SCOPE_WINDOW: Duration = Duration::from_secs(1);
-
-/// A host's pacings (boxed once more, so that a host with none costs one
-/// pointer).
-#[derive(Debug, Default)]
-pub(super) struct Paces {
-    /// Per route, while a route throttles or its quota is spent.
-    routes: Vec<(Route, Pace)>,
-    /// The whole host's, once several routes were throttled together with
-    /// none succeeding: it decides for every route while it lasts.
-    host: Option<Pace>,
-    /// Throttling answers since the host's last success: from which route
-    /// and when (one entry per route, the latest).
-    evidence: Vec<(Route, Instant)>,
-}
-
 impl AdaptiveAdmission {
     /// The rate, requests per second, at which a paced route's requests
-    /// are released (the host's, while it is paced as one); `None` when
-    /// the route is not paced.
+    /// are released (the wider limit's, while the route is held by one:
+    /// the `scope` module); `None` when the route is not paced.
     pub fn pace_rate(&self, partition: Partition, route: Route) -> Option<f64> {
         self.hosts
-            .peek(partition, |h| {
-                let paces = h.paces.as_ref()?;
-                if let Some(host) = &paces.host {
-                    return Some(host.rate());
-                }
-                paces
-                    .routes
-                    .iter()
-                    .find(|(r, _)| *r == route)
-                    .map(|(_, p)| p.rate())
-            })
+            .peek(partition, |h| h.paces.as_ref()?.rate_for(route))
             .flatten()
     }
 
-    /// Whether the host is paced as one (a limit wider than a route).
+    /// Whether some of the host's routes are paced as one (a limit wider
+    /// than a route).
     pub fn paced_as_one(&self, partition: Partition) -> bool {
         self.hosts
             .peek(partition, |h| {
-                h.paces.as_ref().is_some_and(|p| p.host.is_some())
+                h.paces.as_ref().is_some_and(|p| p.has_wide())
             })
             .unwrap_or(false)
     }
 
-    /// The pacing that decides for a host's route at `now`: the host's,
-    /// while it is paced as one, else the route's; the pacings that have
-    /// ended are dropped first.
+    /// The pacing that decides for a host's route at `now`: the wider
+    /// limit's, when the route met it, else the route's own; the pacings
+    /// that have ended are dropped first.
     pub(super) fn pace<'h>(
         &self,
         h: &'h mut Host,
@@ -361,86 +335,20 @@ impl AdaptiveAdmission {
         now: Instant,
     ) -> Option<&'h mut Pace> {
         let paces = h.paces.as_mut()?;
-        let before = paces.routes.len() + usize::from(paces.host.is_some());
-        paces.routes.retain(|(_, p)| !p.ended(now));
-        if paces.host.as_ref().is_some_and(|p| p.ended(now)) {
-            // Calm: narrowed back to the routes.
-            paces.host = None;
-        }
-        let after = paces.routes.len() + usize::from(paces.host.is_some());
-        self.paced.fetch_sub(before - after, Ordering::Relaxed);
-        if after == 0 {
+        let dropped = paces.prune(now);
+        self.paced.fetch_sub(dropped, Ordering::Relaxed);
+        if paces.count() == 0 {
             h.paces = None; // give the memory back
             return None;
         }
-        let paces = h.paces.as_mut()?;
-        if let Some(host) = paces.host.as_mut() {
-            return Some(host);
-        }
-        paces
-            .routes
-            .iter_mut()
-            .find(|(r, _)| *r == route)
-            .map(|(_, p)| p)
+        h.paces.as_mut()?.decide(route)
     }
 
     /// Starts pacing a route.
     pub(super) fn begin_route(&self, h: &mut Host, route: Route, pace: Pace) {
-        let routes = &mut h.paces.get_or_insert_with(Box::default).routes;
-        if routes.len() >= MAX_PACED_ROUTES {
-            // The route calm the longest makes room.
-            if let Some(i) = (0..routes.len()).min_by_key(|i| routes[*i].1.quiet_since()) {
-                routes.swap_remove(i);
-                self.paced.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-        routes.push((route, pace));
-        self.paced.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A throttling answer from `route` at `now`, as evidence of the
-    /// limit's scope: when it makes [`WIDER_AFTER`] routes throttled
-    /// within [`SCOPE_WINDOW`] with none succeeding, the host is paced as
-    /// one from `fresh`, held as long as the longest of its routes' holds
-    /// and this answer's `hint`. Whether it was widened now.
-    pub(super) fn widen(
-        &self,
-        h: &mut Host,
-        route: Route,
-        (fresh, hint): (Pace, Option<Duration>),
-        now: Instant,
-    ) -> bool {
-        let Some(paces) = h.paces.as_mut() else {
-            return false;
-        };
-        if paces.host.is_some() {
-            return false;
-        }
-        let evidence = &mut paces.evidence;
-        evidence
-            .retain(|(r, at)| *r != route && now.saturating_duration_since(*at) <= SCOPE_WINDOW);
-        evidence.push((route, now));
-        if evidence.len() < WIDER_AFTER {
-            return false;
-        }
-        let mut host = fresh;
-        for (_, p) in &paces.routes {
-            host.take_holds_of(p);
-        }
-        if let Some(hint) = hint {
-            host.hold(now, hint);
-        }
-        paces.host = Some(host);
-        paces.evidence.clear();
-        self.paced.fetch_add(1, Ordering::Relaxed);
-        true
-    }
-
-    /// A success on the host: throttling so far proves no limit wider than
-    /// a route.
-    pub(super) fn no_wider(&self, h: &mut Host) {
-        if let Some(paces) = h.paces.as_mut() {
-            paces.evidence.clear();
+        let paces = h.paces.get_or_insert_with(Box::default);
+        if !paces.begin_route(route, pace) {
+            self.paced.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

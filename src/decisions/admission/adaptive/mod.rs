@@ -13,6 +13,7 @@ use super::{Admission, Grant, GrantSource};
 
 mod admit;
 mod config;
+mod scope;
 
 pub use config::AdaptiveConfig;
 
@@ -53,8 +54,10 @@ const WAITER_STALE_POLLS: u32 = 4;
 /// retries and first attempts go out one per release slot, at the rate it
 /// is seen to accept, none before its Retry-After or reset; the bucket and
 /// the probes do not apply to them meanwhile. The host's other routes are
-/// not held, unless several routes were throttled within a second with
-/// none succeeding: then the host is paced as one until it is calm.
+/// not held; several routes of one caller throttled within a second under
+/// one policy, none succeeding, are paced as one until calm, and a route
+/// that throttles for that caller after them joins them; a route that
+/// never met the limit is never held by it.
 ///
 /// Only successes of retries release retries: a healthy history of first
 /// attempts must not pre-fund the next outage, so a fresh client behaves as
@@ -120,7 +123,7 @@ struct Host {
     /// Pacing, per route, while a route throttles or its quota is spent
     /// (boxed: most hosts never need it, and a host's size is what
     /// `max_partitions` bounds).
-    paces: Option<Box<admit::Paces>>,
+    paces: Option<Box<scope::Paces>>,
 }
 
 impl Host {

@@ -149,8 +149,9 @@ fn too_many(path: &str) -> AttemptRecord {
 
 /// Issue 42: 429s from two routes of a host within a second, none of its
 /// routes succeeding between them, prove a limit wider than a route (per
-/// account or token): the host is paced as one, its other routes' retries
-/// wait too, until it has been calm; then routes are paced on their own.
+/// account or token): the routes that met it are paced as one, and so is
+/// every route that throttles after, until it has been calm; then routes
+/// are paced on their own.
 #[test]
 fn several_routes_throttled_and_none_succeeding_pace_the_host_as_one() {
     let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
@@ -163,6 +164,9 @@ fn several_routes_throttled_and_none_succeeding_pace_the_host_as_one() {
     assert!(matches!(a.admit(p, other, t0), Admission::Admit(_)));
     a.record(p, too_many("/b"), t0 + ms(100));
     assert!(a.paced_as_one(p));
+    // A route that throttles for the same owner joins the wider limit
+    // (issue 51: one that never did is not held by it, `scope` tests).
+    a.record(p, too_many("/c"), t0 + ms(100));
     assert_eq!(
         a.admit(p, other, t0 + ms(100)),
         Admission::Paced(Duration::from_secs(1))

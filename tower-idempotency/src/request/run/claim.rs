@@ -14,12 +14,12 @@ use bytes::Bytes;
 use http::Response;
 use tokio::runtime::Handle;
 
-use crate::answer::answer_without_running;
-use crate::config::Config;
-use crate::keeper::{Kept, LeaseKeeper};
 use crate::memory::KeptResponse;
-use crate::problem::{problem, ProblemKind};
-use crate::replay::{marker, retry_after_value};
+use crate::request::answer::answer_without_running;
+use crate::request::config::Config;
+use crate::request::keeper::{Kept, LeaseKeeper};
+use crate::request::problem::{problem, ProblemKind};
+use crate::request::replay::{marker, retry_after_value};
 use crate::store::{IdempotencyStore, StoreError, StoredResponse};
 
 /// Pause before the second attempt; doubled for each further one, up to

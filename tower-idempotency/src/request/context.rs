@@ -1,8 +1,8 @@
 //! The types every part of the layer shares: the names of its headers, the
 //! [`IdempotencyContext`] a handler finds in its request, and the error
-//! type of bodies. At the bottom of the crate's modules: it imports only
-//! the store and the keeper's record of a claim, and the layer, the two
-//! modes and the PostgreSQL store import it.
+//! type of bodies. At the bottom of the request path: it imports only the
+//! store and the keeper's record of a claim, and the layer, the two modes
+//! and the completions in a handler's transaction (`in_tx.rs`) import it.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use http::HeaderName;
 
-use crate::keeper::Kept;
+use crate::request::keeper::Kept;
 use crate::store::LeaseToken;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -26,16 +26,16 @@ use sqlx::{Postgres, Transaction};
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_service::Service;
 
-use crate::answer::{answer_without_running, store_error_answer};
-use crate::body::collect_catching;
-use crate::config::Config;
-use crate::context::{BoxError, IdempotencyContext};
-use crate::inline::{catch_unwind, Panicked};
-use crate::keeper::Kept;
-use crate::key::fingerprint;
 use crate::postgres::PostgresStore;
-use crate::problem::{problem, ProblemKind};
-use crate::replay::{retry_after_value, to_stored};
+use crate::request::answer::{answer_without_running, store_error_answer};
+use crate::request::body::collect_catching;
+use crate::request::config::Config;
+use crate::request::context::{BoxError, IdempotencyContext};
+use crate::request::inline::{catch_unwind, Panicked};
+use crate::request::keeper::Kept;
+use crate::request::key::fingerprint;
+use crate::request::problem::{problem, ProblemKind};
+use crate::request::replay::{retry_after_value, to_stored};
 use crate::store::StoreError;
 
 /// A locked [`IdempotencyTransaction`]: dereferences to the sqlx
@@ -119,7 +119,7 @@ where
 {
     let fingerprint = fingerprint(&parts, &config.fingerprint_headers, &body);
     let scope = config.scope.stored_scope(&parts);
-    crate::scope::announce(&mut parts.extensions, &scope);
+    crate::request::scope::announce(&mut parts.extensions, &scope);
     // A duplicate waits on the claim row's lock (held by the first
     // request's open transaction) for at most this long, then answers 409:
     // duplicates of one slow key cannot hold the pool's connections for the

@@ -17,8 +17,8 @@ use std::pin::{pin, Pin};
 use bytes::{Bytes, BytesMut};
 use http_body::Body;
 
-use crate::context::BoxError;
-use crate::inline::{drop_catching, poll_slot, Panicked};
+use crate::request::context::BoxError;
+use crate::request::inline::{drop_catching, poll_slot, Panicked};
 
 /// Why a body could not be read whole.
 #[derive(Debug)]

@@ -1,8 +1,15 @@
-//! The tower [`IdempotencyLayer`] (and the builder's `build` that makes
-//! it) and its [`IdempotencyService`]: what the layer checks before
-//! anything is claimed, then the claimed request, run in the response
-//! future (see `run/`) and handed to a task of its own if that future is
-//! dropped (`inline.rs`).
+//! The top floor: the tower [`IdempotencyLayer`] (and the builder's
+//! `build` that makes it) and its [`IdempotencyService`]: what the layer
+//! checks before anything is claimed, then the claimed request, run in
+//! the response future (see `request/run/`) and handed to a task of its
+//! own if that future is dropped (`request/inline.rs`). Beside it,
+//! `builder.rs`: the builder that gathers the settings.
+//!
+//! May use: `store`, `memory`, `postgres`, `request`.
+
+mod builder;
+
+pub use self::builder::{ConfigError, IdempotencyLayerBuilder};
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -17,14 +24,14 @@ use http_body::Body;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::{collect, CollectError};
-use crate::config::{Config, ConfigError, IdempotencyLayerBuilder};
-use crate::context::BoxError;
-use crate::inline::Detach;
-use crate::keeper::LeaseKeeper;
-use crate::key::{parse_key, KeyError, MAX_KEY_LEN};
-use crate::problem::{problem, ProblemKind};
-use crate::run::process;
+use crate::request::body::{collect, CollectError};
+use crate::request::config::Config;
+use crate::request::context::BoxError;
+use crate::request::inline::Detach;
+use crate::request::keeper::LeaseKeeper;
+use crate::request::key::{parse_key, KeyError, MAX_KEY_LEN};
+use crate::request::problem::{problem, ProblemKind};
+use crate::request::run::process;
 use crate::store::IdempotencyStore;
 
 /// A tower [`Layer`] that makes `POST`/`PATCH` handlers idempotent with the
@@ -135,7 +142,8 @@ impl IdempotencyLayer {
     }
 }
 
-// Here, not in `config.rs`: the settings sit below the layer they make.
+// Here, not in `builder.rs`: the builder's settings (`request/config.rs`)
+// sit below the layer they make, and `build` makes the layer.
 impl IdempotencyLayerBuilder {
     /// Checks the settings and builds the layer.
     ///
@@ -374,7 +382,7 @@ where
             if let Some(pg) = config.transactional.clone() {
                 // (Boxed in the `let`: a named unboxed future would keep
                 // its storage in this one until the end of the block.)
-                let rest = Box::pin(crate::transactional::process(
+                let rest = Box::pin(crate::request::transactional::process(
                     inner, pg, config, parts, body, key,
                 ));
                 return rest.await;

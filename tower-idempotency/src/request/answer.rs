@@ -8,9 +8,9 @@
 use bytes::Bytes;
 use http::Response;
 
-use crate::config::Config;
-use crate::problem::{problem, ProblemKind};
-use crate::replay::{retry_after_value, to_response};
+use crate::request::config::Config;
+use crate::request::problem::{problem, ProblemKind};
+use crate::request::replay::{retry_after_value, to_response};
 use crate::store::{ClaimOutcome, LeaseToken};
 
 /// The lease and its fencing epoch, or the answer when the key is not ours

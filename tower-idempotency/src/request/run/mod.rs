@@ -28,22 +28,22 @@ use http_body::Body;
 use tokio::runtime::Handle;
 use tower_service::Service;
 
-use crate::answer::answer_without_running;
-use crate::body::{collect_catching, CollectError};
-use crate::config::Config;
-use crate::context::{BoxError, IdempotencyContext};
-use crate::inline::{call_catching, drop_catching, poll_slot, Panicked};
-use crate::keeper::{Kept, LeaseKeeper};
-use crate::key::fingerprint;
 use crate::memory::{KeptResponse, KeyHash};
-use crate::replay::{to_response, to_stored};
-use crate::scope::announce;
+use crate::request::answer::answer_without_running;
+use crate::request::body::{collect_catching, CollectError};
+use crate::request::config::Config;
+use crate::request::context::{BoxError, IdempotencyContext};
+use crate::request::inline::{call_catching, drop_catching, poll_slot, Panicked};
+use crate::request::keeper::{Kept, LeaseKeeper};
+use crate::request::key::fingerprint;
+use crate::request::replay::{to_response, to_stored};
+use crate::request::scope::announce;
 use crate::store::{IdempotencyStore, StoredResponse};
 
 use self::claim::{Answer, Claim, Settled};
 
 /// Runs a keyed request whose body has been read. Polled in the response
-/// future inside [`Detach`](crate::inline::Detach): if the client goes away
+/// future inside [`Detach`](crate::request::inline::Detach): if the client goes away
 /// once the body is read, the rest still runs to its end in a task of its
 /// own, so it is never cancelled by a disconnect.
 ///

@@ -6,8 +6,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use crate::context::IDEMPOTENT_REPLAYED;
-use crate::problem::{problem, problem_body, ProblemKind, PROBLEM_JSON};
+use crate::request::context::IDEMPOTENT_REPLAYED;
+use crate::request::problem::{problem, problem_body, ProblemKind, PROBLEM_JSON};
 use crate::store::StoredResponse;
 
 /// `Retry-After` in whole seconds, rounded up; never overflows.
@@ -22,13 +22,16 @@ pub(crate) fn retry_after_value(d: Duration) -> HeaderValue {
 pub(crate) fn marker(detail: &str) -> StoredResponse {
     StoredResponse::new(
         ProblemKind::ResponseNotRetained.status().as_u16(),
-        vec![("content-type".to_owned(), PROBLEM_JSON.to_owned())],
+        vec![(
+            "content-type".to_owned(),
+            Bytes::from_static(PROBLEM_JSON.as_bytes()),
+        )],
         problem_body(ProblemKind::ResponseNotRetained, detail),
     )
 }
 
-/// What is kept of a response: its status, the `names` headers whose values
-/// are text, and the body.
+/// What is kept of a response: its status, the values of its `names`
+/// headers, in order and byte for byte, and the body.
 pub(crate) fn to_stored(
     parts: &http::response::Parts,
     names: &[HeaderName],
@@ -37,10 +40,11 @@ pub(crate) fn to_stored(
     let headers = names
         .iter()
         .flat_map(|name| {
-            parts.headers.get_all(name).iter().filter_map(move |v| {
-                v.to_str()
-                    .ok()
-                    .map(|v| (name.as_str().to_owned(), v.to_owned()))
+            parts.headers.get_all(name).iter().map(move |v| {
+                (
+                    name.as_str().to_owned(),
+                    Bytes::copy_from_slice(v.as_bytes()),
+                )
             })
         })
         .collect();
@@ -66,7 +70,7 @@ pub(crate) fn to_response<B: From<Bytes>>(stored: StoredResponse, replayed: bool
     for (name, value) in stored.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(&value),
+            HeaderValue::from_maybe_shared(value),
         ) {
             response.headers_mut().append(name, value);
         }
