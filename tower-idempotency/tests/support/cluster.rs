@@ -5,8 +5,8 @@
 //!
 //! Each node runs under a small shell that holds a pipe from the test
 //! process: when the pipe closes (the `Cluster` dropped, or the process
-//! gone, even killed) the shell kills its node, so no test leaves a node
-//! behind. `cluster-node-timeout` is 1000 ms: a replica takes over a
+//! gone, even killed) the shell kills its node and removes its files (the
+//! last one the folder), so no test leaves a node or a folder behind. `cluster-node-timeout` is 1000 ms: a replica takes over a
 //! killed master within a few seconds.
 #![allow(dead_code)]
 
@@ -137,7 +137,12 @@ impl Cluster {
         let dir = self.dir.display().to_string();
         let mut shell = Command::new("sh")
             .arg("-c")
-            .arg(r#"redis-server "$@" & echo $!; read _closed; kill -9 $! 2>/dev/null; wait"#)
+            .arg(concat!(
+                r#"redis-server "$@" & echo $!; read _closed; kill -9 $! 2>/dev/null; wait; "#,
+                r#"rm -f "$DIR/nodes-$PORT.conf" "$DIR/$PORT.log" "$DIR/dump.rdb"; rmdir "$DIR" 2>/dev/null"#
+            ))
+            .env("DIR", &dir)
+            .env("PORT", port.to_string())
             .arg("sh")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--cluster-enabled", "yes"])
