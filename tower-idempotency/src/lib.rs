@@ -173,7 +173,8 @@
 //! `RedisStore` (feature `redis`, off by default) shares them through
 //! Redis, one Lua script per operation on the server's clock; what Redis
 //! loses runs again, so by default it refuses a server without the
-//! append-only file or with an eviction policy.
+//! append-only file or with an eviction policy. `RedisClusterStore` (same
+//! feature) does the same on a Redis Cluster, spread over its masters.
 //!
 //! # Errors
 //!
@@ -236,7 +237,7 @@ pub use memory::{MemoryStore, DEFAULT_MEMORY_MAX_KEYS};
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, DEFAULT_POOL_SIZE, MIGRATION_SQL};
 #[cfg(feature = "redis")]
-pub use redis_store::{RedisStore, DEFAULT_REDIS_PREFIX};
+pub use redis_store::{RedisClusterStore, RedisStore, DEFAULT_REDIS_PREFIX};
 pub use request::context::{IdempotencyContext, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use request::problem::ProblemKind;
 #[cfg(feature = "postgres")]

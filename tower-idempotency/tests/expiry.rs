@@ -40,11 +40,11 @@ async fn sweep(h: Harness) {
     assert_eq!(send(&router, post("d", "x")).await.status, 201);
     h.advance(Duration::from_secs(12 * 3600)).await;
     // a, b, c are exactly 24 h old: expired. d is 12 h old.
-    match &h.redis {
+    match h.redis_records().await {
         // Redis deleted them by itself: nothing left to sweep.
-        Some(redis) => {
+        Some(records) => {
             assert_eq!(h.store.sweep_expired().await.unwrap(), 0);
-            assert_eq!(support::redis_records(redis).await, 1);
+            assert_eq!(records, 1);
         }
         None => assert_eq!(h.store.sweep_expired().await.unwrap(), 3),
     }

@@ -28,10 +28,12 @@ pub(crate) enum Mode {
     /// Diagnostic: two round trips to Redis, each a Lua script that does
     /// nothing, no layer: the floor of any store whose calls are scripts.
     RedisScriptFloor,
+    /// The trivial handler behind the layer over `RedisClusterStore`.
+    RedisCluster,
 }
 
 impl Mode {
-    const ALL: [Mode; 11] = [
+    const ALL: [Mode; 12] = [
         Mode::None,
         Mode::NoneSpawn,
         Mode::Memory,
@@ -43,6 +45,7 @@ impl Mode {
         Mode::Redis,
         Mode::RedisFloor,
         Mode::RedisScriptFloor,
+        Mode::RedisCluster,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -58,6 +61,7 @@ impl Mode {
             Mode::Redis => "redis",
             Mode::RedisFloor => "redis-floor",
             Mode::RedisScriptFloor => "redis-script-floor",
+            Mode::RedisCluster => "redis-cluster",
         }
     }
 
@@ -69,7 +73,8 @@ impl Mode {
             | Mode::NoneSpawn
             | Mode::Redis
             | Mode::RedisFloor
-            | Mode::RedisScriptFloor => Some(Mode::None),
+            | Mode::RedisScriptFloor
+            | Mode::RedisCluster => Some(Mode::None),
             Mode::PgTxNone | Mode::PgTwoPhase | Mode::PgTwoPhaseInTx | Mode::PgTransactional => {
                 Some(Mode::PgNone)
             }

@@ -12,7 +12,7 @@ use axum::{Extension, Router};
 use sqlx::postgres::PgPool;
 use tower_idempotency::{
     IdempotencyContext, IdempotencyLayer, IdempotencyTransaction, MemoryStore, PostgresStore,
-    RedisStore, StoredResponse, IDEMPOTENCY_KEY,
+    RedisClusterStore, RedisStore, StoredResponse, IDEMPOTENCY_KEY,
 };
 
 use crate::args::Mode;
@@ -238,6 +238,7 @@ pub(crate) fn router(
     mode: Mode,
     pg: Option<&PostgresStore>,
     redis: Option<&RedisStore>,
+    cluster: Option<&RedisClusterStore>,
 ) -> Result<Router, String> {
     let need = || {
         pg.cloned()
@@ -249,6 +250,16 @@ pub(crate) fn router(
             .ok_or_else(|| "Redis not connected".to_owned())
     };
     Ok(match mode {
+        Mode::RedisCluster => {
+            let store = cluster
+                .cloned()
+                .ok_or_else(|| "the Redis Cluster not connected".to_owned())?;
+            let layer = IdempotencyLayer::builder(store)
+                .expiry(Duration::from_secs(60))
+                .build()
+                .map_err(|e| e.to_string())?;
+            Router::new().route("/pay", post(pay_plain)).layer(layer)
+        }
         Mode::Redis => {
             let store = need_redis()?;
             let layer = IdempotencyLayer::builder(store)

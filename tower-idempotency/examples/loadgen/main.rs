@@ -38,7 +38,11 @@
 //!   each an `EVALSHA` of a script that does nothing (`return 1`) given the
 //!   keys and arguments of the layer's claim, then of its completion: what
 //!   any store pays whose calls are Lua scripts (atomic on the server)
-//!   before its scripts do anything, compared with `none`.
+//!   before its scripts do anything, compared with `none`;
+//! * `redis-cluster`: the trivial handler behind `IdempotencyLayer` over
+//!   `RedisClusterStore` (`REDIS_CLUSTER_URLS`, the nodes' URLs
+//!   comma-separated, keys under the prefix `loadgen`, kept a minute),
+//!   compared with `none`.
 //!
 //! Rounds are interleaved (round r runs every client count × every mode,
 //! the mode order reversed on odd rounds), and every server is fresh (a new
@@ -71,7 +75,7 @@ mod stores;
 mod support;
 
 use clap::Parser;
-use tower_idempotency::RedisStore;
+use tower_idempotency::{RedisClusterStore, RedisStore};
 
 use args::{Args, Mode};
 use handlers::router;
@@ -122,6 +126,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None
     };
 
+    let cluster = if args.modes.contains(&Mode::RedisCluster) {
+        let urls = std::env::var("REDIS_CLUSTER_URLS").map_err(|_| {
+            "redis-cluster needs REDIS_CLUSTER_URLS (the nodes' URLs, comma-separated)"
+        })?;
+        let nodes: Vec<&str> = urls.split(',').collect();
+        let store = server_rt
+            .block_on(RedisClusterStore::connect_volatile(&nodes))
+            .map_err(|e| format!("the Redis Cluster at REDIS_CLUSTER_URLS={urls}: {e}"))?
+            .with_prefix("loadgen")
+            .map_err(|e| e.to_string())?;
+        Some(store)
+    } else {
+        None
+    };
+
     println!(
         "loadgen: modes {}, clients {:?}, {} s measured after {} s warm-up, {} rounds, \
          server runtime 2 workers, client runtime {} workers{}",
@@ -165,7 +184,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if let Some(store) = &pg {
                     server_rt.block_on(truncate(store))?;
                 }
-                let app = router(mode, pg.as_ref(), redis.as_ref())?;
+                let app = router(mode, pg.as_ref(), redis.as_ref(), cluster.as_ref())?;
                 let sample = measure(&server_rt, &client_rt, app, clients, &args)?;
                 this_round.push((mode, clients, sample));
             }

@@ -1,4 +1,5 @@
-//! [`RedisStore`]: the keys in Redis, shared by every replica of a service.
+//! [`RedisStore`]: the keys in Redis, shared by every replica of a service;
+//! [`RedisClusterStore`]: the same on a Redis Cluster.
 //!
 //! May use: `store`.
 //!
@@ -14,52 +15,34 @@
 //! ```
 //!
 //! Each store operation is one Lua script (`scripts.rs`), atomic on the
-//! server and timed by the server's clock; this file connects, checks what
-//! the server may lose, and names the records; `ops.rs` implements the
-//! store trait with the scripts.
+//! server and timed by the server's clock; this file connects to one node
+//! and checks what the server may lose, `cluster.rs` connects to a
+//! cluster, `keys.rs` names the records (one slot per script on a
+//! cluster), `shared.rs` holds what both stores share, and `ops.rs`
+//! implements the store trait with the scripts for both.
 
+mod cluster;
+mod keys;
 mod ops;
 mod scripts;
+mod shared;
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind};
 
-use crate::store::{spawn_sweep, StoreError, SweepSchedule};
+use crate::store::StoreError;
 
-/// The prefix of every key the store writes, unless
-/// [`RedisStore::with_prefix`] sets another.
-pub const DEFAULT_REDIS_PREFIX: &str = "idempotency";
-
-/// How long one store call may wait for Redis before it fails (and the
-/// layer answers `503`, or tries again where it does): a cut connection
-/// must not hang a request.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How often a store sweeps by itself unless told otherwise.
-const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(300);
-
-/// Records a sweep looks at per script call: each call is short, so Redis
-/// serves other clients between two.
-const SWEEP_BATCH: usize = 1000;
-
-/// The scripts, loaded once per store (and again by Redis-rs after a
-/// restart of the server: `NOSCRIPT` makes it load them again).
-struct Scripts {
-    claim: Script,
-    lookup: Script,
-    complete: Script,
-    extend: Script,
-    release: Script,
-    sweep: Script,
-}
+pub use cluster::RedisClusterStore;
+use keys::Layout;
+pub use keys::DEFAULT_REDIS_PREFIX;
+use shared::{check_durability, info_field, redis_err, Shared, RESPONSE_TIMEOUT};
 
 /// An [`IdempotencyStore`](crate::IdempotencyStore) in Redis (feature
 /// `redis`): replicas of a service share its keys with one round trip per
-/// operation.
+/// operation. It talks to one node; on a Redis Cluster use
+/// [`RedisClusterStore`] (`connect` refuses a cluster's node and says so).
 ///
 /// **What Redis keeps is the guarantee.** A key Redis loses (a restart
 /// without persistence, a failover to a replica that had not received it,
@@ -100,17 +83,13 @@ struct Scripts {
 /// (`bench-results/issue47-redis-2026-12-06.txt`).
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
-    prefix: Arc<str>,
-    scripts: Arc<Scripts>,
-    /// When a claim starts the next sweep, shared by the store's clones.
-    sweep: Arc<SweepSchedule>,
+    inner: Shared<ConnectionManager>,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("prefix", &self.prefix)
+            .field("prefix", &self.inner.keys.prefix())
             .finish_non_exhaustive()
     }
 }
@@ -136,21 +115,12 @@ impl RedisStore {
             .set_connection_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(1)
             .set_max_delay(RESPONSE_TIMEOUT);
-        let conn = ConnectionManager::new_with_config(client, config)
+        let mut conn = ConnectionManager::new_with_config(client, config)
             .await
             .map_err(redis_err("connecting to Redis"))?;
+        refuse_a_cluster_node(&mut conn).await?;
         Ok(Self {
-            conn,
-            prefix: Arc::from(DEFAULT_REDIS_PREFIX),
-            scripts: Arc::new(Scripts {
-                claim: Script::new(&scripts::claim()),
-                lookup: Script::new(&scripts::lookup()),
-                complete: Script::new(scripts::COMPLETE),
-                extend: Script::new(&scripts::extend()),
-                release: Script::new(scripts::RELEASE),
-                sweep: Script::new(&scripts::sweep()),
-            }),
-            sweep: Arc::new(SweepSchedule::new(Some(DEFAULT_SWEEP_EVERY), Duration::MAX)),
+            inner: Shared::new(conn, Layout::Node),
         })
     }
 
@@ -161,32 +131,15 @@ impl RedisStore {
     /// or [`spawn_sweeper`](crate::spawn_sweeper)). Completed records need
     /// no sweep: Redis expires them.
     pub fn sweep_every(mut self, every: Option<Duration>) -> Self {
-        self.sweep = Arc::new(SweepSchedule::new(every, Duration::MAX));
+        self.inner = self.inner.sweep_every(every);
         self
-    }
-
-    /// Starts a sweep in a task of its own if one is due.
-    fn maybe_sweep(&self) {
-        if self.sweep.due() {
-            spawn_sweep(self.clone());
-        }
     }
 
     /// The same store writing its keys under `prefix` (default
     /// [`DEFAULT_REDIS_PREFIX`]): several services, or tests, sharing one
     /// Redis. Letters, digits, `_`, `-` and `.` only.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
-        let valid = !prefix.is_empty()
-            && prefix.len() <= 64
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-        if !valid {
-            return Err(StoreError::msg(format!(
-                "invalid Redis key prefix {prefix:?}: 1 to 64 letters, digits, '_', '-' or '.'"
-            )));
-        }
-        self.prefix = Arc::from(prefix);
+        self.inner = self.inner.with_prefix(prefix)?;
         Ok(self)
     }
 
@@ -194,82 +147,46 @@ impl RedisStore {
     /// reconnecting by itself; clones share it), for the application's own
     /// commands and for maintenance.
     pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+        self.inner.conn.clone()
     }
 
     /// The prefix of this store's keys.
     pub fn prefix(&self) -> &str {
-        &self.prefix
+        self.inner.keys.prefix()
     }
 
     /// The Redis key of `(scope, key)`: the scope's length first, so no
     /// two pairs share one.
     pub fn record_key(&self, scope: &str, key: &str) -> String {
-        format!("{}:r:{}:{scope}{key}", self.prefix, scope.len())
-    }
-
-    /// The key of the store's epoch high-water mark.
-    fn epoch_key(&self) -> String {
-        format!("{}:epoch", self.prefix)
-    }
-
-    /// The key of the store's index of records in progress.
-    fn index_key(&self) -> String {
-        format!("{}:in_progress", self.prefix)
+        self.inner.keys.record(scope, key)
     }
 
     /// Refuses a server that may lose keys.
     async fn check_durability(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.inner.conn.clone();
         let info: String = redis::cmd("INFO")
             .arg("persistence")
             .arg("memory")
             .query_async(&mut conn)
             .await
             .map_err(redis_err("reading the Redis server's settings"))?;
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .map(str::trim)
-        };
-        if field("aof_enabled") != Some("1") {
-            return Err(StoreError::msg(
-                "this Redis keeps no append-only file (appendonly no): a restart would lose \
-                 keys, and their requests would run again. Turn AOF on, or use \
-                 RedisStore::connect_volatile if that is acceptable",
-            ));
-        }
-        match field("maxmemory_policy") {
-            Some("noeviction") => Ok(()),
-            policy => Err(StoreError::msg(format!(
-                "this Redis may evict keys (maxmemory-policy {}): an evicted key's request \
-                 would run again. Set maxmemory-policy noeviction, or use \
-                 RedisStore::connect_volatile if that is acceptable",
-                policy.unwrap_or("unknown")
-            ))),
-        }
+        check_durability(&info, "RedisStore::connect_volatile")
     }
 }
 
-/// Maps a Redis error to a store error: transient when the server may
-/// answer later (a lost or timed-out connection, a server loading, a
-/// failover under way, out of memory), permanent when the request itself
-/// is wrong.
-fn redis_err(context: &'static str) -> impl Fn(RedisError) -> StoreError {
-    move |err| {
-        let permanent = matches!(
-            err.kind(),
-            ErrorKind::Parse
-                | ErrorKind::UnexpectedReturnType
-                | ErrorKind::InvalidClientConfig
-                | ErrorKind::AuthenticationFailed
-                | ErrorKind::Server(ServerErrorKind::NoPerm | ServerErrorKind::CrossSlot)
-        );
-        let error = StoreError::with_source(context, err);
-        if permanent {
-            error
-        } else {
-            error.transient()
-        }
+/// Refuses a node of a cluster: a script there fails with `CROSSSLOT` or
+/// `MOVED`. One `INFO cluster`, at connection.
+async fn refuse_a_cluster_node(conn: &mut ConnectionManager) -> Result<(), StoreError> {
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(conn)
+        .await
+        .map_err(redis_err("reading the Redis server's settings"))?;
+    if info_field(&info, "cluster_enabled") == Some("1") {
+        return Err(StoreError::msg(
+            "this Redis is a node of a Redis Cluster (cluster_enabled:1): RedisStore talks to \
+             one node; connect with RedisClusterStore::connect instead",
+        ));
     }
+    Ok(())
 }

@@ -1,5 +1,6 @@
-//! The [`IdempotencyStore`] calls of a [`RedisStore`]: each one script
-//! (`scripts.rs`), its answer read back into the store's values.
+//! The [`IdempotencyStore`] calls of a [`RedisStore`] and of a
+//! [`RedisClusterStore`]: each one script (`scripts.rs`) on the keys of one
+//! slot (`keys.rs`), its answer read back into the store's values.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -10,7 +11,8 @@ use crate::store::{
     IdempotencyStore, LeaseToken, StoreError, StoredResponse,
 };
 
-use super::{redis_err, RedisStore, SWEEP_BATCH};
+use super::shared::{redis_err, Shared, SWEEP_BATCH};
+use super::{RedisClusterStore, RedisStore};
 
 /// Milliseconds, at least 1, for a script (durations past a century mean
 /// "never" and are capped there, as the other stores cap them).
@@ -99,17 +101,21 @@ fn outcome(value: Value) -> Result<Answer, StoreError> {
 }
 
 #[async_trait]
-impl IdempotencyStore for RedisStore {
+impl<C> IdempotencyStore for Shared<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
         check_ids(req.scope, req.key)?;
         self.maybe_sweep();
         let lease = LeaseToken::new_random();
+        let bucket = self.keys.bucket(req.scope, req.key);
         let answer: Value = self
             .scripts
             .claim
-            .key(self.record_key(req.scope, req.key))
-            .key(self.epoch_key())
-            .key(self.index_key())
+            .key(self.keys.record(req.scope, req.key))
+            .key(self.keys.epoch(bucket))
+            .key(self.keys.index(bucket))
             .arg(req.fingerprint.as_bytes().as_slice())
             .arg(lease.to_string())
             .arg(millis(req.lock_timeout))
@@ -133,7 +139,7 @@ impl IdempotencyStore for RedisStore {
         let answer: Value = self
             .scripts
             .lookup
-            .key(self.record_key(scope, key))
+            .key(self.keys.record(scope, key))
             .arg(fingerprint.as_bytes().as_slice())
             .invoke_async(&mut self.conn.clone())
             .await
@@ -155,8 +161,8 @@ impl IdempotencyStore for RedisStore {
         let stored: i64 = self
             .scripts
             .complete
-            .key(self.record_key(scope, key))
-            .key(self.index_key())
+            .key(self.keys.record(scope, key))
+            .key(self.keys.index(self.keys.bucket(scope, key)))
             .arg(lease.to_string())
             .arg(response.status)
             .arg(headers)
@@ -176,7 +182,7 @@ impl IdempotencyStore for RedisStore {
         let extended: i64 = self
             .scripts
             .extend
-            .key(self.record_key(scope, key))
+            .key(self.keys.record(scope, key))
             .arg(lease.to_string())
             .invoke_async(&mut self.conn.clone())
             .await
@@ -188,8 +194,8 @@ impl IdempotencyStore for RedisStore {
         let released: i64 = self
             .scripts
             .release
-            .key(self.record_key(scope, key))
-            .key(self.index_key())
+            .key(self.keys.record(scope, key))
+            .key(self.keys.index(self.keys.bucket(scope, key)))
             .arg(lease.to_string())
             .invoke_async(&mut self.conn.clone())
             .await
@@ -197,26 +203,87 @@ impl IdempotencyStore for RedisStore {
         Ok(released == 1)
     }
 
-    /// Marks or deletes the expired records in progress, in batches (see
-    /// [`RedisStore`]); Redis deletes completed ones by itself.
+    /// Marks or deletes the expired records in progress, in batches, one
+    /// bucket after the other (see [`RedisStore`]); Redis deletes completed
+    /// ones by itself.
     async fn sweep_expired(&self) -> Result<u64, StoreError> {
         let mut deleted = 0;
-        loop {
-            let (gone, looked_at): (u64, usize) = self
-                .scripts
-                .sweep
-                .key(self.index_key())
-                .arg(SWEEP_BATCH)
-                .invoke_async(&mut self.conn.clone())
-                .await
-                .map_err(redis_err("sweeping expired idempotency keys"))?;
-            deleted += gone;
-            if looked_at < SWEEP_BATCH {
-                return Ok(deleted);
+        for bucket in self.keys.buckets() {
+            loop {
+                let (gone, looked_at): (u64, usize) = self
+                    .scripts
+                    .sweep
+                    .key(self.keys.index(bucket))
+                    .arg(SWEEP_BATCH)
+                    .invoke_async(&mut self.conn.clone())
+                    .await
+                    .map_err(redis_err("sweeping expired idempotency keys"))?;
+                deleted += gone;
+                if looked_at < SWEEP_BATCH {
+                    break;
+                }
             }
         }
+        Ok(deleted)
     }
 }
+
+/// The store trait of a public store, each call passed to its [`Shared`]
+/// core.
+macro_rules! through_shared {
+    ($store:ty) => {
+        #[async_trait]
+        impl IdempotencyStore for $store {
+            async fn claim(&self, req: ClaimRequest<'_>) -> Result<ClaimOutcome, StoreError> {
+                self.inner.claim(req).await
+            }
+
+            async fn lookup(
+                &self,
+                scope: &str,
+                key: &str,
+                fingerprint: Fingerprint,
+            ) -> Result<Option<ClaimOutcome>, StoreError> {
+                self.inner.lookup(scope, key, fingerprint).await
+            }
+
+            async fn complete(
+                &self,
+                scope: &str,
+                key: &str,
+                lease: LeaseToken,
+                response: &StoredResponse,
+            ) -> Result<bool, StoreError> {
+                self.inner.complete(scope, key, lease, response).await
+            }
+
+            async fn extend_lease(
+                &self,
+                scope: &str,
+                key: &str,
+                lease: LeaseToken,
+            ) -> Result<bool, StoreError> {
+                self.inner.extend_lease(scope, key, lease).await
+            }
+
+            async fn release(
+                &self,
+                scope: &str,
+                key: &str,
+                lease: LeaseToken,
+            ) -> Result<bool, StoreError> {
+                self.inner.release(scope, key, lease).await
+            }
+
+            async fn sweep_expired(&self) -> Result<u64, StoreError> {
+                self.inner.sweep_expired().await
+            }
+        }
+    };
+}
+
+through_shared!(RedisStore);
+through_shared!(RedisClusterStore);
 
 #[cfg(test)]
 mod tests {

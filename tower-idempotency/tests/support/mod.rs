@@ -2,6 +2,8 @@
 //! application, and request/response helpers.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +19,14 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_idempotency::{
     IdempotencyLayer, IdempotencyLayerBuilder, IdempotencyStore, ManualClock, MemoryStore,
-    PostgresStore, RedisStore,
+    PostgresStore, RedisClusterStore, RedisStore,
 };
 
 /// Runs the given async test functions (each `async fn(Harness)`) once per
-/// store: `mod NAME { memory, postgres, redis }`. Each PostgreSQL run gets a
-/// private table, each Redis run a private key prefix (so moving its time
-/// cannot disturb another test), dropped at the end.
+/// store: `mod NAME { memory, postgres, redis, redis_cluster }`. Each
+/// PostgreSQL run gets a private table, each Redis run a private key prefix
+/// (so moving its time cannot disturb another test), dropped at the end;
+/// the cluster is one per test binary (`cluster::shared`).
 #[macro_export]
 macro_rules! both_stores {
     ($($name:ident),* $(,)?) => {$(
@@ -46,6 +49,13 @@ macro_rules! both_stores {
                 super::$name(h).await;
                 cleanup.run().await;
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn redis_cluster() {
+                let h = $crate::support::Harness::redis_cluster().await;
+                let cleanup = h.cleanup();
+                super::$name(h).await;
+                cleanup.run().await;
+            }
         }
     )*};
 }
@@ -61,6 +71,8 @@ pub struct Harness {
     pub scope: String,
     pub pg: Option<PostgresStore>,
     pub redis: Option<RedisStore>,
+    /// The cluster store and the URLs of the cluster's nodes.
+    pub cluster: Option<(RedisClusterStore, Vec<String>)>,
 }
 
 pub fn database_url() -> String {
@@ -209,7 +221,11 @@ pub async fn drop_redis_keys(store: &RedisStore) {
 }
 
 /// Drops a PostgreSQL harness's private table, or a Redis harness's keys.
-pub struct Cleanup(Option<PostgresStore>, Option<RedisStore>);
+pub struct Cleanup(
+    Option<PostgresStore>,
+    Option<RedisStore>,
+    Option<(RedisClusterStore, Vec<String>)>,
+);
 
 impl Cleanup {
     pub async fn run(self) {
@@ -222,7 +238,77 @@ impl Cleanup {
         if let Some(redis) = self.1 {
             drop_redis_keys(&redis).await;
         }
+        if let Some((store, urls)) = self.2 {
+            over_cluster_keys(&urls, store.prefix(), REDIS_DROP, 0).await;
+        }
     }
+}
+
+/// Runs `script` (as [`over_redis_keys`]) on every master of the cluster at
+/// `urls`, each over its own keys (a script may touch several slots of its
+/// node when it says so: `allow-cross-slot-keys`).
+pub async fn over_cluster_keys(urls: &[String], prefix: &str, script: &str, n: i64) {
+    let script = redis::Script::new(&format!("#!lua flags=allow-cross-slot-keys\n{script}"));
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("a node's URL");
+        // A node killed by a test is skipped.
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let role: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .expect("a node's role");
+        if !role.contains("role:master") {
+            continue;
+        }
+        let _: () = script
+            .arg(n)
+            .arg(format!("{prefix}:*"))
+            .invoke_async(&mut conn)
+            .await
+            .expect("a script over the test's keys on one master");
+    }
+}
+
+/// How many records a cluster store holds over every master.
+pub async fn cluster_records(urls: &[String], prefix: &str) -> usize {
+    let mut n = 0;
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("a node's URL");
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let role: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .expect("a node's role");
+        if !role.contains("role:master") {
+            continue;
+        }
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{prefix}:{{b*}}:r:*"))
+            .query_async(&mut conn)
+            .await
+            .expect("listing the test's keys");
+        n += keys.len();
+    }
+    n
+}
+
+/// A cluster store on the shared cluster under a private prefix, with the
+/// cluster's node URLs.
+pub async fn cluster_store(prefix: &str) -> (RedisClusterStore, Vec<String>) {
+    let urls = cluster::shared().await.urls();
+    let nodes: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let store = RedisClusterStore::connect_volatile(&nodes)
+        .await
+        .expect("connecting to the test cluster")
+        .with_prefix(prefix)
+        .expect("valid prefix");
+    (store, urls)
 }
 
 impl Harness {
@@ -235,7 +321,33 @@ impl Harness {
             scope: unique("t"),
             pg: None,
             redis: None,
+            cluster: None,
         }
+    }
+
+    /// Redis Cluster harness (the binary's shared cluster) under a private
+    /// key prefix; drop its keys with [`Harness::cleanup`].
+    pub async fn redis_cluster() -> Self {
+        let (store, urls) = cluster_store(&unique("tc")).await;
+        Self {
+            name: "redis_cluster",
+            store: Arc::new(store.clone()),
+            clock: Arc::new(ManualClock::new()),
+            scope: unique("t"),
+            pg: None,
+            redis: None,
+            cluster: Some((store, urls)),
+        }
+    }
+
+    /// How many records a Redis store (one node or a cluster) holds;
+    /// `None` for the other stores.
+    pub async fn redis_records(&self) -> Option<usize> {
+        if let Some(redis) = &self.redis {
+            return Some(redis_records(redis).await);
+        }
+        let (store, urls) = self.cluster.as_ref()?;
+        Some(cluster_records(urls, store.prefix()).await)
     }
 
     /// Redis harness under a private key prefix; drop its keys with
@@ -249,6 +361,7 @@ impl Harness {
             scope: unique("t"),
             pg: None,
             redis: Some(store),
+            cluster: None,
         }
     }
 
@@ -263,11 +376,12 @@ impl Harness {
             scope: unique("t"),
             pg: Some(store),
             redis: None,
+            cluster: None,
         }
     }
 
     pub fn cleanup(&self) -> Cleanup {
-        Cleanup(self.pg.clone(), self.redis.clone())
+        Cleanup(self.pg.clone(), self.redis.clone(), self.cluster.clone())
     }
 
     /// Moves this store's time forward by `by`: the manual clock of the
@@ -278,6 +392,10 @@ impl Harness {
         if let Some(redis) = &self.redis {
             let ms = i64::try_from(by.as_millis()).expect("a test's duration");
             return over_redis_keys(redis, REDIS_ADVANCE, ms).await;
+        }
+        if let Some((store, urls)) = &self.cluster {
+            let ms = i64::try_from(by.as_millis()).expect("a test's duration");
+            return over_cluster_keys(urls, store.prefix(), REDIS_ADVANCE, ms).await;
         }
         match &self.pg {
             None => self.clock.advance(by),
