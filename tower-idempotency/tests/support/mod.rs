@@ -249,20 +249,7 @@ impl Cleanup {
 /// node when it says so: `allow-cross-slot-keys`).
 pub async fn over_cluster_keys(urls: &[String], prefix: &str, script: &str, n: i64) {
     let script = redis::Script::new(&format!("#!lua flags=allow-cross-slot-keys\n{script}"));
-    for url in urls {
-        let client = redis::Client::open(url.as_str()).expect("a node's URL");
-        // A node killed by a test is skipped.
-        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-            continue;
-        };
-        let role: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut conn)
-            .await
-            .expect("a node's role");
-        if !role.contains("role:master") {
-            continue;
-        }
+    for mut conn in masters(urls).await {
         let _: () = script
             .arg(n)
             .arg(format!("{prefix}:*"))
@@ -272,9 +259,10 @@ pub async fn over_cluster_keys(urls: &[String], prefix: &str, script: &str, n: i
     }
 }
 
-/// How many records a cluster store holds over every master.
-pub async fn cluster_records(urls: &[String], prefix: &str) -> usize {
-    let mut n = 0;
+/// A connection to each master among the cluster nodes at `urls`; a node
+/// a test killed, and every replica, is skipped.
+async fn masters(urls: &[String]) -> Vec<redis::aio::MultiplexedConnection> {
+    let mut masters = Vec::new();
     for url in urls {
         let client = redis::Client::open(url.as_str()).expect("a node's URL");
         let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
@@ -285,9 +273,17 @@ pub async fn cluster_records(urls: &[String], prefix: &str) -> usize {
             .query_async(&mut conn)
             .await
             .expect("a node's role");
-        if !role.contains("role:master") {
-            continue;
+        if role.contains("role:master") {
+            masters.push(conn);
         }
+    }
+    masters
+}
+
+/// How many records a cluster store holds over every master.
+pub async fn cluster_records(urls: &[String], prefix: &str) -> usize {
+    let mut n = 0;
+    for mut conn in masters(urls).await {
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{prefix}:{{b*}}:r:*"))
             .query_async(&mut conn)
