@@ -309,7 +309,7 @@ fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
             }
             "retry-floor" => Some(
                 ClientBuilder::new(reqwest::Client::new())
-                    .with(floor::RetryFloor)
+                    .with(floor::RetryFloor::new())
                     .build(),
             ),
             other => Some(chain(other, false).expect("a known chain")),

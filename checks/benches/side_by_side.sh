@@ -15,7 +15,9 @@
 # replaces the default list; a variant is a chain of the bench's `http`
 # mode, or `label=chain@binary` to count another build's chain in the same
 # run (a before/after pair). METHODS defaults to "get post"; RUNS to 2;
-# SMALL and LARGE to 200 and 1200.
+# SMALL and LARGE to 200 and 1200. With `empty` and `contract-lean` among
+# the variants, `reqwest-retry+contract` is reqwest-retry's count plus
+# what the contract adds to the empty stack (contract-lean − empty).
 set -euo pipefail
 
 target=${CARGO_TARGET_DIR:-target}
@@ -71,6 +73,22 @@ for method in $methods; do
     done
 done
 
+# reqwest-retry + contract: reqwest-retry's call plus what the contract
+# itself adds to the empty stack (contract-lean − empty): the line a retry
+# layer keeping the contract can be held to beside reqwest-retry.
+for method in $methods; do
+    rr=${result["$method reqwest-retry"]:-}
+    cl=${result["$method contract-lean"]:-}
+    em=${result["$method empty"]:-}
+    if [ -n "$rr" ] && [ -n "$cl" ] && [ -n "$em" ]; then
+        result["$method reqwest-retry+contract"]=$(awk -v r="$rr" -v c="$cl" -v e="$em" \
+            'BEGIN{split(r,a," "); split(c,b," "); split(e,d," ");
+                   printf "%.1f %.2f", a[1]+b[1]-d[1], a[2]+b[2]-d[2]}')
+        printf '%-8s %-40s %12s %12s %10s\n' "$method" "reqwest-retry+contract" \
+            "${result["$method reqwest-retry+contract"]% *}" "" "${result["$method reqwest-retry+contract"]#* }"
+    fi
+done
+
 echo
 echo "# ratios, run 1: instructions (difference), allocations (difference)"
 for method in $methods; do
@@ -79,7 +97,7 @@ for method in $methods; do
         case $label in bare|empty|reqwest-retry) continue ;; esac
         read -r ir al <<<"${result["$method $label"]}"
         row=$(printf '%-5s %-30s' "$method" "$label")
-        for ref in reqwest-retry contract contract-lean; do
+        for ref in reqwest-retry contract contract-lean reqwest-retry+contract; do
             [ "$ref" = "$label" ] && continue
             other=${result["$method $ref"]:-}
             [ -n "$other" ] || continue
