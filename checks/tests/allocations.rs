@@ -134,7 +134,9 @@ fn a_call_that_succeeds_allocates_only_what_the_contract_adds_to_reqwest_retry()
         let base = per_call(&theirs, &url, post, 40);
         let mine = per_call(&ours, &url, post, 40);
         let method = if post { "POST" } else { "GET" };
-        eprintln!("{method}: reqwest-retry {base:.2}, RetryMiddleware {mine:.2} allocations a call");
+        eprintln!(
+            "{method}: reqwest-retry {base:.2}, RetryMiddleware {mine:.2} allocations a call"
+        );
         assert!(
             mine - base <= allowed + 0.01,
             "{method}: {mine:.2} allocations a call against reqwest-retry's {base:.2}: \
