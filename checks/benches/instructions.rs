@@ -10,6 +10,10 @@
 //! # over real sockets (an axum server on loopback, same thread):
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
 //!     target/release/deps/instructions-* http <chain> <get|post> 2001
+//!
+//! # the server in a process of its own, the client alone counted; every
+//! # variant side by side, twice, 200 and 1 200 calls (issue 56):
+//! checks/benches/side_by_side.sh
 //! ```
 //!
 //! Chains: `canned` (no middleware), `reqwest-retry`, `safe-retry`
@@ -26,6 +30,8 @@
 //! deadline must) and `contract` (the empty middleware stack sending, by
 //! hand, what the contract asks of a first attempt: a fresh key on the
 //! POST, a 30 s timeout and the time left in `Request-Timeout-Ms`) and
+//! `contract-lean` (the same, its header names known in advance and the
+//! time left's value made once and shared) and
 //! `contract-own-timer` (the same with the deadline kept by a timer of its
 //! own, raced against the send and moved into the response body, instead
 //! of reqwest's per-request timeout: what issue 19's first step would cost)
@@ -117,14 +123,19 @@ fn usage() {
         "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|\
          safe-retry-no-deadline-header|safe-retry-replicas|keygen> \
          <get|post> <calls>\n       instructions http \
-         <bare|floor|contract|contract-own-timer|retry-floor|empty|reqwest-retry|safe-retry|\
+         <bare|floor|contract|contract-lean|contract-own-timer|retry-floor|empty|reqwest-retry|safe-retry|\
          safe-retry-no-deadline|safe-retry-no-deadline-header|safe-retry-replicas> \
-         <get|post> <calls>"
+         <get|post> <calls>\n       instructions serve [address]\n       \
+         instructions remote <url> <chain, as for http> <get|post> <calls>"
     );
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "serve") {
+        serve(args.get(1).map_or("127.0.0.1:0", String::as_str));
+        return;
+    }
     if args.iter().any(|a| a == "--bench") || args.len() < 3 {
         // `cargo bench` runs every bench target: this one is run by hand.
         usage();
@@ -132,7 +143,13 @@ fn main() {
     }
     if args[0] == "http" && args.len() >= 4 {
         let calls: u64 = args[3].parse().expect("a number of calls");
-        http(&args[1], args[2] == "post", calls);
+        http(None, &args[1], args[2] == "post", calls);
+        println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
+        return;
+    }
+    if args[0] == "remote" && args.len() >= 5 {
+        let calls: u64 = args[4].parse().expect("a number of calls");
+        http(Some(&args[1]), &args[2], args[3] == "post", calls);
         println!("allocations: {}", ALLOCATIONS.load(Ordering::Relaxed));
         return;
     }
@@ -183,6 +200,28 @@ fn contract_request(
     request.header("request-timeout-ms", 30_000u64)
 }
 
+/// [`contract_request`] written as cheaply as it can be (the
+/// `contract-lean` chain): the header names known in advance and the
+/// time left's value made once and shared, as `RetryMiddleware` sends a
+/// whole deadline's.
+fn contract_lean_request(
+    c: &ClientWithMiddleware,
+    url: &str,
+    post: bool,
+    time_left: &http::HeaderValue,
+) -> reqwest_middleware::RequestBuilder {
+    const KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+    const TIME_LEFT: http::HeaderName = http::HeaderName::from_static("request-timeout-ms");
+    let request = if post {
+        let key = IdempotencyKey::generate(KeyGenerator::UuidV4);
+        let value = http::HeaderValue::from_str(key.as_str()).expect("a key is a header value");
+        c.post(url).header(KEY, value).body("{}")
+    } else {
+        c.get(url)
+    };
+    request.header(TIME_LEFT, time_left.clone())
+}
+
 /// A response body read under the call's own deadline (the
 /// `contract-own-timer` chain): past it, a read fails with `TimedOut`.
 struct OwnDeadline {
@@ -209,33 +248,68 @@ impl hyper::body::Body for OwnDeadline {
     }
 }
 
-/// `calls` requests, one at a time, to an axum server on loopback served
-/// by the same thread (a current-thread runtime): client and server are
-/// both counted, the same server for every chain.
-fn http(name: &str, post: bool, calls: u64) {
+/// The server every chain calls: `ok` to a GET or a POST of `/x`.
+fn app() -> axum::Router {
+    axum::Router::new().route(
+        "/x",
+        axum::routing::get(|| async { "ok" }).post(|| async { "ok" }),
+    )
+}
+
+/// The server alone, in a process of its own (`serve [address]`): prints
+/// its URL on a line, then serves until it is killed, so that a client
+/// counted under callgrind (`remote <url> …`) is counted alone.
+fn serve(address: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind(address)
             .await
             .expect("a port");
         let url = format!("http://{}/x", listener.local_addr().expect("an address"));
-        let app = axum::Router::new().route(
-            "/x",
-            axum::routing::get(|| async { "ok" }).post(|| async { "ok" }),
-        );
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{url}").expect("stdout");
+            out.flush().expect("stdout");
+        }
+        axum::serve(listener, app()).await.expect("the server");
+    });
+}
+
+/// `calls` requests, one at a time, to `remote` (a server in another
+/// process, `serve`), or to an axum server on loopback served by the same
+/// thread (a current-thread runtime), when `remote` is `None`: then client
+/// and server are both counted, the same server for every chain.
+fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let url = match remote {
+            Some(url) => url.to_owned(),
+            None => {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("a port");
+                let url = format!("http://{}/x", listener.local_addr().expect("an address"));
+                tokio::spawn(async move { axum::serve(listener, app()).await });
+                url
+            }
+        };
         let bare = reqwest::Client::new();
+        let time_left = http::HeaderValue::from(30_000u64);
         let chain = match name {
             "bare" | "floor" => None,
-            "contract" | "contract-own-timer" => {
+            "contract" | "contract-lean" | "contract-own-timer" => {
                 Some(chain("empty", false).expect("the empty chain"))
             }
             "retry-floor" => Some(
                 ClientBuilder::new(reqwest::Client::new())
-                    .with(floor::RetryFloor)
+                    .with(floor::RetryFloor::new())
                     .build(),
             ),
             other => Some(chain(other, false).expect("a known chain")),
@@ -243,6 +317,11 @@ fn http(name: &str, post: bool, calls: u64) {
         for _ in 0..calls {
             let response = match (&chain, name) {
                 (Some(c), "contract") => contract_request(c, &url, post)
+                    .timeout(Duration::from_secs(30))
+                    .send()
+                    .await
+                    .ok(),
+                (Some(c), "contract-lean") => contract_lean_request(c, &url, post, &time_left)
                     .timeout(Duration::from_secs(30))
                     .send()
                     .await

@@ -150,7 +150,11 @@ fn variants() -> Vec<(&'static str, Variant)> {
         ),
         (
             "retry floor: a middleware sending the contract + a request copy kept + a report",
-            Variant::Middleware(ClientBuilder::new(client()).with(floor::RetryFloor).build()),
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(floor::RetryFloor::new())
+                    .build(),
+            ),
         ),
         (
             "RetryMiddleware (reqwest-safe-retry, defaults)",

@@ -294,3 +294,46 @@ async fn a_callers_own_deadline_under_the_window_sends_its_first_attempt() {
     assert_eq!(report.stop_reason(), StopReason::Deadline);
     assert!(clock.sleeps().is_empty(), "nothing slept");
 }
+
+/// The deadline still holds while the caller reads the body, after the
+/// middleware has returned the response: a server that sends its head and
+/// then stalls mid-body ends the read at the deadline, with reqwest's own
+/// timeout error (`is_timeout()`), and the response carries its report.
+/// On tokio's paused clock: the stall costs no real time.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_deadline_covers_the_body_read_after_the_call_returns() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/slow", listener.local_addr().unwrap());
+    let (sent, received) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = socket.read(&mut buf).await.unwrap();
+            head.extend_from_slice(&buf[..n]);
+        }
+        let _ = sent.send(String::from_utf8_lossy(&head).to_lowercase());
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+            .await
+            .unwrap();
+        // The rest of the body never comes; the connection stays open.
+        std::future::pending::<()>().await;
+        drop(socket);
+    });
+    let p = RetryPolicy::builder().deadline(ms(500)).build().unwrap();
+    let (c, _) = client(p);
+    let start = tokio::time::Instant::now();
+    let response = c.get(&url).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let head = received.await.unwrap();
+    assert!(head.contains("request-timeout-ms: 500\r\n"), "{head}");
+    let report = response.extensions().get::<RetryReport>().unwrap().clone();
+    assert_eq!(report.stop_reason(), StopReason::Success);
+    let err = response.bytes().await.unwrap_err();
+    assert!(err.is_timeout(), "{err:?}");
+    let waited = start.elapsed();
+    assert!(waited >= ms(500) && waited < ms(600), "{waited:?}");
+}

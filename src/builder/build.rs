@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http::HeaderValue;
 use rand::rngs::SmallRng;
 
 use crate::decisions::{
@@ -106,6 +107,10 @@ impl RetryPolicyBuilder {
             key_format: self.key_format,
             verdict_header: self.verdict_header?,
             deadline_header: self.deadline_header?,
+            deadline_value: self.deadline.map(|d| {
+                let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                (ms, HeaderValue::from(ms))
+            }),
             attempt_header: self.attempt_header?,
             hedge: self.hedge,
             replay_limit: self.replay_limit,

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::{HeaderName, HeaderValue, Method};
 use rand::Rng as RandomSource;
 
 use crate::decisions::{
@@ -92,6 +92,11 @@ pub(crate) struct Settings {
     pub(crate) key_format: KeyFormat,
     pub(crate) verdict_header: Option<HeaderName>,
     pub(crate) deadline_header: Option<HeaderName>,
+    /// The deadline header's value for the whole deadline, in whole
+    /// milliseconds, made once: what a first attempt that did not wait
+    /// sends. A clone shares its bytes, where a value made per attempt
+    /// allocates (and again when reqwest copies the headers it sends).
+    pub(crate) deadline_value: Option<(u64, HeaderValue)>,
     pub(crate) attempt_header: Option<HeaderName>,
     /// Hedging, when on.
     pub(crate) hedge: Option<HedgeConfig>,

@@ -71,9 +71,11 @@ pub(super) fn stamp_headers(
         let carried = time_left_in(request.headers(), name);
         if carried.is_none_or(|carried| left < carried) {
             let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            request
-                .headers_mut()
-                .insert(name.clone(), HeaderValue::from(ms));
+            let value = match &settings.deadline_value {
+                Some((whole, value)) if *whole == ms => value.clone(),
+                _ => HeaderValue::from(ms),
+            };
+            request.headers_mut().insert(name.clone(), value);
         }
     }
 }

@@ -4,7 +4,7 @@
 //! beside it a copy of the request kept for a retry, made before the
 //! headers are added so that it copies only the caller's, and a report in
 //! the response's extensions. Issue 33 measures `RetryMiddleware` against
-//! it.
+//! it. The time left's value is made once and shared (issue 56).
 //!
 //! The copy is reqwest's `Request::try_clone`, the only one that keeps
 //! the extensions reqwest holds private (a request converted from an
@@ -23,7 +23,27 @@ use reqwest_safe_retry::{IdempotencyKey, KeyGenerator};
 pub struct FloorReport(#[allow(dead_code)] [u64; 16]);
 
 /// The contract's first attempt, a copy kept for a retry, and a report.
-pub struct RetryFloor;
+/// The time left's value is made once and shared, as `RetryMiddleware`
+/// sends a whole deadline's (issue 56): a value made per call allocates
+/// twice, which no retry layer needs to.
+pub struct RetryFloor {
+    time_left: HeaderValue,
+}
+
+impl RetryFloor {
+    /// The floor, its 30 s value made.
+    pub fn new() -> Self {
+        RetryFloor::default()
+    }
+}
+
+impl Default for RetryFloor {
+    fn default() -> Self {
+        RetryFloor {
+            time_left: HeaderValue::from(30_000u64),
+        }
+    }
+}
 
 #[async_trait::async_trait]
 impl Middleware for RetryFloor {
@@ -45,7 +65,7 @@ impl Middleware for RetryFloor {
         }
         headers.insert(
             HeaderName::from_static("request-timeout-ms"),
-            HeaderValue::from(30_000u64),
+            self.time_left.clone(),
         );
         let mut response = next.run(request, extensions).await?;
         drop(copy);
