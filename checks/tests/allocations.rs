@@ -137,8 +137,10 @@ fn a_call_that_succeeds_allocates_only_what_the_contract_adds_to_reqwest_retry()
         eprintln!(
             "{method}: reqwest-retry {base:.2}, RetryMiddleware {mine:.2} allocations a call"
         );
+        // Averaged over 40 calls, an odd reallocation inside hyper moves
+        // either side by 0.025; a whole allocation more a call is 1.
         assert!(
-            mine - base <= allowed + 0.01,
+            mine - base < allowed + 0.5,
             "{method}: {mine:.2} allocations a call against reqwest-retry's {base:.2}: \
              more than the contract's {allowed}"
         );
