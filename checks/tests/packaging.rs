@@ -130,6 +130,24 @@ fn the_lock_file_needs_no_newer_rustc_than_each_crate_declares() {
     }
 }
 
+/// Issue 55: the ecosystem's minimum (reqwest, backon, axum-idempotent
+/// declare 1.85), not the newest a locked dependency happened to need;
+/// the test above keeps the lock file within it. The unpublished test
+/// crate may need more (criterion 0.8: 1.86), never the published ones.
+#[test]
+fn the_published_crates_declare_the_ecosystems_rust_1_85() {
+    let meta = metadata();
+    for name in PUBLISHED {
+        let p = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name && p["source"].is_null())
+            .unwrap();
+        assert_eq!(p["rust_version"].as_str(), Some("1.85"), "{name}");
+    }
+}
+
 #[test]
 fn the_published_crates_carry_what_a_registry_page_shows() {
     let meta = metadata();
