@@ -269,7 +269,7 @@ impl Host {
         let nth_on_path = seen.iter().filter(|r| r.path == path.path).count();
         let reply = match (&s.until, &s.every) {
             (Some((t, r)), _) if at < *t => r.clone(),
-            (_, Some((n, r))) if (nth + 1).is_multiple_of(*n) => r.clone(),
+            (_, Some((n, r))) if (nth + 1) % *n == 0 => r.clone(),
             _ => path.reply(nth_on_path),
         }
         .at(at);

@@ -233,11 +233,11 @@ fn trim_ows(mut value: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
-    include!("../../fixtures/key_vectors.rs");
+    include!("../fixtures/key_vectors.rs");
 
     #[test]
     fn every_vector_in_the_fixture() {
-        let vectors = key_vectors(include_str!("../../fixtures/keys.tsv"));
+        let vectors = key_vectors(include_str!("../fixtures/keys.tsv"));
         for v in &vectors {
             let got = parse(&v.wire).map(Cow::into_owned).map_err(|e| e.name());
             assert_eq!(got, v.expected, "line {}: {:?}", v.line, v.wire);
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn every_accepted_key_survives_both_wire_forms() {
-        for v in key_vectors(include_str!("../../fixtures/keys.tsv")) {
+        for v in key_vectors(include_str!("../fixtures/keys.tsv")) {
             let Ok(key) = v.expected else { continue };
             assert_eq!(validate(&key), Ok(()), "line {}", v.line);
             assert_eq!(parse(key.as_bytes()).unwrap(), key, "line {}", v.line);

@@ -230,7 +230,7 @@ impl TenantHost {
                 }
             }
         };
-        reply.delay = if (nth + 1).is_multiple_of(s.slow.0) {
+        reply.delay = if (nth + 1) % s.slow.0 == 0 {
             s.slow.1
         } else {
             s.latency[nth % s.latency.len()]

@@ -66,13 +66,13 @@ pub(crate) fn fingerprint(parts: &Parts, headers: &[HeaderName], body: &[u8]) ->
 mod tests {
     use super::*;
 
-    include!("../../../fixtures/key_vectors.rs");
+    include!("../../fixtures/key_vectors.rs");
 
     /// Every vector a header can hold is read as the client sends it.
     #[test]
     fn the_shared_key_vectors() {
         let mut checked = 0;
-        for v in key_vectors(include_str!("../../../fixtures/keys.tsv")) {
+        for v in key_vectors(include_str!("../../fixtures/keys.tsv")) {
             let Ok(value) = HeaderValue::from_bytes(&v.wire) else {
                 continue; // bytes no header can hold
             };
