@@ -211,6 +211,7 @@ pub struct RetryRequest {
     kind: RetryKind,
     waited: Duration,
     route: Route,
+    last: bool,
 }
 
 impl RetryRequest {
@@ -220,7 +221,23 @@ impl RetryRequest {
             kind,
             waited,
             route: Route::WHOLE,
+            last: false,
         }
+    }
+
+    /// The same request, said to be (or not) its call's last attempt: a
+    /// paced route sends a last attempt only at a rate it has seen
+    /// accepted, never in a step up that the server may refuse (a refusal
+    /// would fail the call).
+    #[must_use]
+    pub const fn last_attempt(mut self, last: bool) -> Self {
+        self.last = last;
+        self
+    }
+
+    /// Whether it is its call's last attempt (`false` unless said).
+    pub fn is_last_attempt(&self) -> bool {
+        self.last
     }
 
     /// The same request, on `route` of its partition.
