@@ -55,6 +55,19 @@
 //! published quota).
 //! This is the AWS SDKs' adaptive mode in spirit, kept per route.
 //!
+//! # Late arrivals, and a call's last attempt
+//!
+//! A limiter counting from the last request it accepted (nginx's
+//! `limit_req`) refuses a release sent an interval after one that reached
+//! it late (a task woken late on a loaded machine): a refusal at the right
+//! rate, each a call's attempt and a Retry-After's hold. The only release
+//! in flight, answered later than the quickest answer, may have arrived as
+//! much late: the next slot comes as much later (half an interval at
+//! most), and its success proves only the rate of the time since the
+//! release before it and that lateness. A call's last attempt never goes
+//! in a step faster than the fastest rate that worked (the ramp's after a
+//! hold, the search's): it waits for a slot at a rate that worked.
+//!
 //! # After a hold: the rate the server accepts now
 //!
 //! A hold says when, not how fast. Once it ends, the queue goes out one at
@@ -96,6 +109,9 @@ pub(super) const CALM: Duration = Duration::from_secs(5);
 pub(super) const RAMP_GROWTH: f64 = 3.0;
 /// While the rate ramps, a waiting request asks again at least this often.
 const RAMP_POLL: Duration = Duration::from_millis(20);
+/// The most a late answer moves the next slot: half an interval, and
+/// never more than this.
+const MAX_LATE: Duration = Duration::from_millis(100);
 
 /// One route's pacing.
 #[derive(Debug, Clone)]
@@ -116,9 +132,11 @@ pub(super) struct Pace {
     lifted: bool,
     /// Faster than the quota after its reset was refused: a cap for good.
     cap_kept: bool,
-    /// The next release slot, the last release, whether there was one.
+    /// The next release slot, the last release, the one before it, whether
+    /// there was one.
     next: Instant,
     last_release: Instant,
+    prev_release: Instant,
     released_any: bool,
     /// A hold has ended since the last release; the last release was the
     /// first after a hold (a 429 to it says the hold's reason lasts).
@@ -151,6 +169,10 @@ pub(super) struct Pace {
     /// 429s to releases at a rate the route had admitted; their spacing.
     contradictions: u32,
     slack: Duration,
+    /// Releases sent and not yet answered; the shortest time from a
+    /// release to its answer seen while it was the only one in flight.
+    in_flight: u32,
+    quickest: Option<Duration>,
     /// The 429s do not follow the rate: "failing anyway", as a 503's.
     unrelated: bool,
 }
@@ -197,6 +219,7 @@ impl Pace {
             // One interval after the throttling answer (someone got in).
             next: after(now, spacing(rate)).unwrap_or(now),
             last_release: now,
+            prev_release: now,
             released_any: false,
             reopened: false,
             after_hold: false,
@@ -216,6 +239,8 @@ impl Pace {
             peak: None,
             contradictions: 0,
             slack: Duration::ZERO,
+            in_flight: 0,
+            quickest: None,
             unrelated: false,
         }
     }
@@ -262,6 +287,8 @@ impl Pace {
         if !released {
             return;
         }
+        let late = self.lateness(now);
+        self.later_slot(late);
         self.throttled_releases = self.throttled_releases.saturating_add(1);
         if !too_fast || self.unrelated {
             // Failing anyway, whatever the rate: nothing to learn.
@@ -338,10 +365,24 @@ impl Pace {
             self.lifted = true;
             self.bad = None;
         }
+        // A release answered late may have reached the server late: it
+        // proves only the rate of the time since the release before it and
+        // that lateness (a ramp's step that got through so, arriving late,
+        // proved too fast a rate).
+        let late = self.lateness(now);
+        let since = self
+            .last_release
+            .saturating_duration_since(self.prev_release);
+        let proven =
+            if !self.after_hold && late > spacing(self.slot_rate).mul_f64(SPACING_MARGIN - 1.0) {
+                (1.0 / since.saturating_add(late).as_secs_f64()).min(self.slot_rate)
+            } else {
+                self.slot_rate
+            };
         if self.after_hold {
-            self.ramp_base = Some(self.slot_rate);
+            self.ramp_base = Some(proven);
         }
-        let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
+        let good = self.good.map_or(proven, |g| g.max(proven));
         self.good = Some(good);
         self.peak = Some(self.peak.map_or(good, |p| p.max(good)));
         self.calm_releases = self.calm_releases.saturating_add(1);
@@ -386,6 +427,38 @@ impl Pace {
                 }
             }
         }
+        self.later_slot(late);
+    }
+
+    /// The answer at `now` to a released request: how much later than the
+    /// quickest such answer it came, when it was the only release in
+    /// flight (else which release it answers is not known: zero). That
+    /// request may have reached the server as much later than it was sent
+    /// (a task woken late on a loaded machine, a connection's first write).
+    fn lateness(&mut self, now: Instant) -> Duration {
+        let alone = self.in_flight == 1;
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if !alone {
+            return Duration::ZERO;
+        }
+        let trip = now.saturating_duration_since(self.last_release);
+        let quickest = self.quickest.map_or(trip, |q| q.min(trip));
+        self.quickest = Some(quickest);
+        trip.saturating_sub(quickest)
+    }
+
+    /// The next slot `late` later than an interval after the last release
+    /// (half an interval at most, [`MAX_LATE`] at most): else, the last
+    /// release having reached the server late, the next, sent an interval
+    /// after it, arrives less than an interval after it: refused, though
+    /// the rate is right, which costs its call an attempt (its last,
+    /// perhaps) and the queue a Retry-After's hold.
+    fn later_slot(&mut self, late: Duration) {
+        let interval = self.spacing(self.spaced_by);
+        let late = late.min(interval / 2).min(MAX_LATE);
+        if let Some(later) = after(self.last_release, interval.saturating_add(late)) {
+            self.next = self.next.max(later);
+        }
     }
 
     /// Whether the pacing decides at `now`: always during a hold, and
@@ -411,6 +484,21 @@ impl Pace {
     /// it is (while ramping, until it would be, were the answers in flight
     /// accepted).
     pub(super) fn release(&mut self, now: Instant) -> Result<(), Duration> {
+        self.take_slot(now, false)
+    }
+
+    /// As [`Pace::release`], for a call's last attempt: never in a slot
+    /// spaced by a rate faster than the fastest that worked (a ramp's step
+    /// after a hold, the search's step up, a probe), which the server may
+    /// well refuse; it waits for one spaced by a rate that worked. A cold
+    /// wave's call refused at its first attempt and then at the ramp's
+    /// step after the first hold is on its last attempt: a second step's
+    /// refusal would fail it.
+    pub(super) fn release_last(&mut self, now: Instant) -> Result<(), Duration> {
+        self.take_slot(now, true)
+    }
+
+    fn take_slot(&mut self, now: Instant, last: bool) -> Result<(), Duration> {
         let mut slot = self.next;
         if let Some(hold) = self.hold {
             if hold > now {
@@ -418,6 +506,17 @@ impl Pace {
             } else {
                 self.hold = None;
                 self.reopened = true;
+            }
+        }
+        // The rate the slot is spaced by: the answer's subject.
+        let mut spaced_by = self.spaced_by;
+        if let Some(good) = self
+            .good
+            .filter(|g| last && spaced_by > *g && !self.reopened)
+        {
+            if let Some(safe) = after(self.last_release, self.spacing(good)) {
+                slot = slot.max(safe);
+                spaced_by = good;
             }
         }
         if slot > now {
@@ -434,12 +533,17 @@ impl Pace {
         self.after_hold = std::mem::take(&mut self.reopened);
         if self.after_hold {
             self.ramping = true;
+            // Whatever was in flight before the hold has been answered
+            // (or is lost): this one is the only one.
+            self.in_flight = 0;
         }
+        self.in_flight = self.in_flight.saturating_add(1);
         self.released_any = true;
+        self.prev_release = self.last_release;
         self.last_release = now;
         // No catching up after a quiet spell: one request per slot.
         self.next = after(now, self.spacing(self.rate)).unwrap_or(now);
-        self.slot_rate = self.spaced_by;
+        self.slot_rate = spaced_by;
         self.spaced_by = self.rate;
         Ok(())
     }
