@@ -105,7 +105,10 @@ impl Run<'_> {
             policy.metrics.budget_rejected(self.host());
             return Asked::Stop(StopReason::BudgetExhausted);
         }
-        let request = RetryRequest::new(kind, waited).on_route(self.route);
+        let last = self.attempt.saturating_add(1) >= self.limits.max_attempts;
+        let request = RetryRequest::new(kind, waited)
+            .on_route(self.route)
+            .last_attempt(last);
         let answer = policy.admission.admit(self.report.partition, request, now);
         if let Admission::Paced(wait) = answer {
             let left = left.map_or(wait, |left| left.saturating_sub(window));

@@ -104,7 +104,7 @@ pub(crate) use breaker::CircuitBreaker;
 pub use breaker::CircuitBreakerConfig;
 /// The bounded per-host map, shared with the hedger's latency table.
 pub(super) use partitions::{Bounds, Partitions};
-pub use token_bucket::{TokenBucket, TokenBucketConfig};
+pub use token_bucket::{NoAdmission, TokenBucket, TokenBucketConfig};
 
 /// Decides, for every clone of a client, whether a retry may go out now.
 ///
@@ -211,6 +211,7 @@ pub struct RetryRequest {
     kind: RetryKind,
     waited: Duration,
     route: Route,
+    last: bool,
 }
 
 impl RetryRequest {
@@ -220,7 +221,22 @@ impl RetryRequest {
             kind,
             waited,
             route: Route::WHOLE,
+            last: false,
         }
+    }
+
+    /// The same request, said to be (or not) its call's last attempt: a
+    /// paced route sends a last attempt only at a rate it has seen
+    /// accepted, never in a step up (a refusal would fail the call).
+    #[must_use]
+    pub const fn last_attempt(mut self, last: bool) -> Self {
+        self.last = last;
+        self
+    }
+
+    /// Whether it is its call's last attempt (`false` unless said).
+    pub fn is_last_attempt(&self) -> bool {
+        self.last
     }
 
     /// The same request, on `route` of its partition.
@@ -431,20 +447,4 @@ impl AttemptRecord {
     pub fn result(&self) -> AttemptResult {
         self.result
     }
-}
-
-/// No admission control: every retry goes out (attempts and the deadline
-/// still bound them). For comparison, and for loops such as a reconnect
-/// where one caller retries alone.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoAdmission;
-
-impl RetryAdmission for NoAdmission {
-    fn first_attempt(&self, _partition: Partition, _now: Instant) {}
-
-    fn admit(&self, _partition: Partition, _retry: RetryRequest, _now: Instant) -> Admission {
-        Admission::Admit(Grant::new(GrantSource::Free, 0.0))
-    }
-
-    fn record(&self, _partition: Partition, _attempt: AttemptRecord, _now: Instant) {}
 }

@@ -54,6 +54,8 @@
 //! a probe is told "too many"), the search goes upward again (not above a
 //! published quota).
 //! This is the AWS SDKs' adaptive mode in spirit, kept per route.
+//! A release answered late may have reached the server late, and a
+//! call's last attempt is not sent in a step up: the `holds` module.
 //!
 //! # After a hold: the rate the server accepts now
 //!
@@ -96,6 +98,9 @@ pub(super) const CALM: Duration = Duration::from_secs(5);
 pub(super) const RAMP_GROWTH: f64 = 3.0;
 /// While the rate ramps, a waiting request asks again at least this often.
 const RAMP_POLL: Duration = Duration::from_millis(20);
+/// The most a late answer moves the next slot: half an interval, and
+/// never more than this.
+const MAX_LATE: Duration = Duration::from_millis(100);
 
 /// One route's pacing.
 #[derive(Debug, Clone)]
@@ -116,9 +121,11 @@ pub(super) struct Pace {
     lifted: bool,
     /// Faster than the quota after its reset was refused: a cap for good.
     cap_kept: bool,
-    /// The next release slot, the last release, whether there was one.
+    /// The next release slot, the last release, the one before it, whether
+    /// there was one.
     next: Instant,
     last_release: Instant,
+    prev_release: Instant,
     released_any: bool,
     /// A hold has ended since the last release; the last release was the
     /// first after a hold (a 429 to it says the hold's reason lasts).
@@ -151,6 +158,10 @@ pub(super) struct Pace {
     /// 429s to releases at a rate the route had admitted; their spacing.
     contradictions: u32,
     slack: Duration,
+    /// Releases sent and not yet answered; the shortest time from a
+    /// release to its answer seen while it was the only one in flight.
+    in_flight: u32,
+    quickest: Option<Duration>,
     /// The 429s do not follow the rate: "failing anyway", as a 503's.
     unrelated: bool,
 }
@@ -197,6 +208,7 @@ impl Pace {
             // One interval after the throttling answer (someone got in).
             next: after(now, spacing(rate)).unwrap_or(now),
             last_release: now,
+            prev_release: now,
             released_any: false,
             reopened: false,
             after_hold: false,
@@ -216,6 +228,8 @@ impl Pace {
             peak: None,
             contradictions: 0,
             slack: Duration::ZERO,
+            in_flight: 0,
+            quickest: None,
             unrelated: false,
         }
     }
@@ -262,6 +276,8 @@ impl Pace {
         if !released {
             return;
         }
+        let late = self.lateness(now);
+        self.later_slot(late);
         self.throttled_releases = self.throttled_releases.saturating_add(1);
         if !too_fast || self.unrelated {
             // Failing anyway, whatever the rate: nothing to learn.
@@ -338,10 +354,24 @@ impl Pace {
             self.lifted = true;
             self.bad = None;
         }
+        // A release answered late may have reached the server late: it
+        // proves only the rate of the time since the release before it and
+        // that lateness (a ramp's step that got through so, arriving late,
+        // proved too fast a rate).
+        let late = self.lateness(now);
+        let since = self
+            .last_release
+            .saturating_duration_since(self.prev_release);
+        let proven =
+            if !self.after_hold && late > spacing(self.slot_rate).mul_f64(SPACING_MARGIN - 1.0) {
+                (1.0 / since.saturating_add(late).as_secs_f64()).min(self.slot_rate)
+            } else {
+                self.slot_rate
+            };
         if self.after_hold {
-            self.ramp_base = Some(self.slot_rate);
+            self.ramp_base = Some(proven);
         }
-        let good = self.good.map_or(self.slot_rate, |g| g.max(self.slot_rate));
+        let good = self.good.map_or(proven, |g| g.max(proven));
         self.good = Some(good);
         self.peak = Some(self.peak.map_or(good, |p| p.max(good)));
         self.calm_releases = self.calm_releases.saturating_add(1);
@@ -386,6 +416,7 @@ impl Pace {
                 }
             }
         }
+        self.later_slot(late);
     }
 
     /// Whether the pacing decides at `now`: always during a hold, and
@@ -405,43 +436,6 @@ impl Pace {
             && self
                 .last_denied
                 .is_none_or(|d| now.saturating_duration_since(d) >= Duration::from_secs(1))
-    }
-
-    /// Takes the release slot if it is due at `now`, or says how long until
-    /// it is (while ramping, until it would be, were the answers in flight
-    /// accepted).
-    pub(super) fn release(&mut self, now: Instant) -> Result<(), Duration> {
-        let mut slot = self.next;
-        if let Some(hold) = self.hold {
-            if hold > now {
-                slot = slot.max(hold);
-            } else {
-                self.hold = None;
-                self.reopened = true;
-            }
-        }
-        if slot > now {
-            self.last_denied = Some(now);
-            let wait = slot - now;
-            if self.ramping && self.hold.is_none() {
-                let sooner = after(self.last_release, self.spacing(self.rate * RAMP_GROWTH))
-                    .map_or(RAMP_POLL, |s| s.saturating_duration_since(now))
-                    .max(RAMP_POLL);
-                return Err(wait.min(sooner));
-            }
-            return Err(wait);
-        }
-        self.after_hold = std::mem::take(&mut self.reopened);
-        if self.after_hold {
-            self.ramping = true;
-        }
-        self.released_any = true;
-        self.last_release = now;
-        // No catching up after a quiet spell: one request per slot.
-        self.next = after(now, self.spacing(self.rate)).unwrap_or(now);
-        self.slot_rate = self.spaced_by;
-        self.spaced_by = self.rate;
-        Ok(())
     }
 }
 

@@ -1,4 +1,5 @@
-//! The plain token bucket: a retry that finds it empty fails at once.
+//! The plain token bucket: a retry that finds it empty fails at once; and
+//! no admission at all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -229,6 +230,22 @@ impl RetryAdmission for TokenBucket {
             _ => {}
         }
     }
+}
+
+/// No admission control: every retry goes out (attempts and the deadline
+/// still bound them). For comparison, and for loops such as a reconnect
+/// where one caller retries alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoAdmission;
+
+impl RetryAdmission for NoAdmission {
+    fn first_attempt(&self, _partition: Partition, _now: Instant) {}
+
+    fn admit(&self, _partition: Partition, _retry: RetryRequest, _now: Instant) -> Admission {
+        Admission::Admit(Grant::new(GrantSource::Free, 0.0))
+    }
+
+    fn record(&self, _partition: Partition, _attempt: AttemptRecord, _now: Instant) {}
 }
 
 #[cfg(test)]

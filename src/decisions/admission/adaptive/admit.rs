@@ -42,7 +42,7 @@ impl RetryAdmission for AdaptiveAdmission {
             }
             // A paced route's retries go out at its rate, not the budget's.
             if let Some(pace) = self.pace(h, retry.route(), now).filter(|p| p.governs(now)) {
-                return Self::release(pace, now);
+                return Self::release(pace, now, retry.is_last_attempt());
             }
             h.deposit(c);
             h.refill(now, c.poll_interval);
@@ -144,7 +144,7 @@ impl RetryAdmission for AdaptiveAdmission {
                             || !waited.is_zero()
                             || (own_quota && pace.quota_spent(now))) =>
                 {
-                    Self::release(pace, now)
+                    Self::release(pace, now, false)
                 }
                 _ => go,
             }
@@ -220,9 +220,15 @@ impl AdaptiveAdmission {
     /// A paced host's answer. The wait is bounded by the request's
     /// deadline, not by `max_admission_wait`: a host that admits five
     /// requests a second takes forty seconds for two hundred, and each
-    /// of them is worth its wait.
-    pub(super) fn release(pace: &mut Pace, now: Instant) -> Admission {
-        match pace.release(now) {
+    /// of them is worth its wait. A call's last attempt goes out only at a
+    /// rate that worked (`Pace::release_last`).
+    pub(super) fn release(pace: &mut Pace, now: Instant, last: bool) -> Admission {
+        let released = if last {
+            pace.release_last(now)
+        } else {
+            pace.release(now)
+        };
+        match released {
             Ok(()) => Admission::Admit(Grant::new(GrantSource::Paced, 0.0)),
             Err(wait) => Admission::Paced(wait),
         }
