@@ -1,6 +1,18 @@
 //! The public types are what a library's users need: Send, Sync, Debug,
-//! object-safe extension points.
+//! object-safe extension points; and the crate's root is a front door: the
+//! names of the quick start and of the table of equivalents, the rest in
+//! modules named for what they hold.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use reqwest_safe_retry::admission::*;
+use reqwest_safe_retry::classify::*;
+use reqwest_safe_retry::deadline::*;
+use reqwest_safe_retry::keys::*;
+use reqwest_safe_retry::observability::*;
+use reqwest_safe_retry::retry::Backoff;
+use reqwest_safe_retry::time::*;
 use reqwest_safe_retry::*;
 
 fn send_sync<T: Send + Sync + 'static>() {}
@@ -99,4 +111,181 @@ fn deadline_propagation_types_are_send_sync_and_debug() {
     send::<InheritDeadlineFuture<<Handler as tower::Service<http::Request<String>>>::Future, String>>(
     );
     debug::<InheritDeadlineFuture<std::future::Ready<()>, String>>();
+}
+
+/// The names at the crate's root: what the quick start (README.md,
+/// docs/using.md) and the table of equivalents (docs/migrating.md) use,
+/// and the modules that hold the rest.
+const ROOT: [&str; 28] = [
+    // The re-exported crates the client is built from.
+    "reqwest",
+    "reqwest_middleware",
+    // The quick start and the table of equivalents.
+    "ConfigError",
+    "Class",
+    "HttpAttempt",
+    "IdempotencyKey",
+    "Jitter",
+    "ReportSlot",
+    "RequestOptions",
+    "RetryError",
+    "RetryMiddleware",
+    "RetryPolicy",
+    "RetryPolicyBuilder",
+    "RetryReport",
+    "RetryReportExt",
+    "StopReason",
+    // The modules, one per concern.
+    "admission",
+    "classify",
+    "deadline",
+    "hedging",
+    "keys",
+    "observability",
+    "pacing",
+    "replay",
+    "replicas",
+    "retry",
+    "time",
+    // Documentation only (`cfg(doc)`): the guide.
+    "_guide",
+];
+
+/// The public names `src/lib.rs` declares, by module (`""` is the root):
+/// its `pub use`, `pub mod`, `pub fn`, … items, read from the text with
+/// comments left out, `as` aliases counted under the alias.
+fn public_names() -> BTreeMap<String, Vec<String>> {
+    let lib = std::fs::read_to_string(root().join("src/lib.rs")).unwrap();
+    let code: String = lib
+        .lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // The module each `{` opened: `Some(name)` for a `pub mod`.
+    let mut stack: Vec<Option<String>> = Vec::new();
+    let mut rest = code.as_str();
+    let mut pending_mod: Option<String> = None;
+    while let Some(c) = rest.chars().next() {
+        let module = stack
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("::");
+        let in_item = stack.iter().any(Option::is_none);
+        if c == '{' {
+            stack.push(pending_mod.take());
+            rest = &rest[1..];
+        } else if c == '}' {
+            stack.pop();
+            rest = &rest[1..];
+        } else if !in_item && rest.starts_with("pub use ") {
+            let end = rest.find(';').unwrap();
+            let tree = &rest["pub use ".len()..end];
+            for path in expand(tree) {
+                let name = match path.split_once(" as ") {
+                    Some((_, alias)) => alias.trim().to_owned(),
+                    None => path.rsplit("::").next().unwrap().trim().to_owned(),
+                };
+                names.entry(module.clone()).or_default().push(name);
+            }
+            rest = &rest[end + 1..];
+        } else if !in_item && rest.starts_with("pub ") {
+            let mut words =
+                rest["pub ".len()..].split(|c: char| !(c.is_alphanumeric() || c == '_'));
+            let kind = words.next().unwrap();
+            let name = words.find(|w| !w.is_empty()).unwrap().to_owned();
+            names.entry(module.clone()).or_default().push(name.clone());
+            let skip = rest.find(['{', ';']).unwrap();
+            if kind == "mod" && rest.as_bytes()[skip] == b'{' {
+                pending_mod = Some(name);
+            } else if rest.as_bytes()[skip] == b'{' {
+                pending_mod = None;
+            }
+            rest = &rest[skip..];
+        } else {
+            if c == ';' {
+                pending_mod = None;
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    names
+}
+
+/// A use tree's paths, groups expanded: `a::{b, c::{d, e}}` is `a::b`,
+/// `a::c::d` and `a::c::e`.
+fn expand(tree: &str) -> Vec<String> {
+    let tree = tree.split_whitespace().collect::<Vec<_>>().join(" ");
+    let Some(open) = tree.find('{') else {
+        return vec![tree];
+    };
+    let prefix = &tree[..open];
+    let inner = &tree[open + 1..tree.rfind('}').unwrap()];
+    let mut parts = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&inner[start..]);
+    parts
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .flat_map(|p| expand(&format!("{prefix}{p}")))
+        .collect()
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn the_root_holds_the_quick_start_and_the_rest_is_in_modules() {
+    let names = public_names();
+    let mut at_root = names[""].clone();
+    at_root.sort();
+    let mut allowed: Vec<String> = ROOT.iter().map(|n| n.to_string()).collect();
+    allowed.sort();
+    assert_eq!(
+        at_root,
+        allowed,
+        "the crate's root: {} names, {} allowed; put the new ones in a module \
+         (or add them to ROOT, saying why)",
+        at_root.len(),
+        allowed.len()
+    );
+    // Each name at one path: no module re-exports what the root or
+    // another module does.
+    // (The guide's pages are documentation, no items.)
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (module, items) in names.iter().filter(|(m, _)| !m.starts_with("_guide")) {
+        // A module is a path, not an item: `retry::retry` is one name.
+        for item in items
+            .iter()
+            .filter(|i| !(module.is_empty() && names.contains_key(*i)))
+        {
+            if let Some(other) = seen.insert(item, module) {
+                panic!("`{item}` is public both in `{other}` and in `{module}`");
+            }
+        }
+    }
+    // The modules hold the rest: about seventy names before the front door.
+    let total: usize = names.values().map(Vec::len).sum();
+    assert!(total > 70, "{total} names in all: {names:#?}");
 }

@@ -15,7 +15,6 @@
 //!     .jitter(Jitter::Equal)
 //!     .deadline(Duration::from_secs(10))
 //!     .attempt_timeout(Duration::from_secs(3))
-//!     .seed(42) // deterministic delays, for tests
 //!     .build()
 //!     .unwrap();
 //! assert_eq!(policy.max_attempts(), 4);
@@ -240,8 +239,8 @@ impl RetryPolicyBuilder {
 
     /// Send the time left before the deadline, in whole milliseconds, in this
     /// header on every attempt, so inner services can stop working on what
-    /// nobody waits for ([`crate::InheritDeadlineLayer`] reads it). Default:
-    /// sent, as `Request-Timeout-Ms` ([`crate::DEFAULT_DEADLINE_HEADER`]),
+    /// nobody waits for ([`crate::deadline::InheritDeadlineLayer`] reads it). Default:
+    /// sent, as `Request-Timeout-Ms` ([`crate::deadline::DEFAULT_DEADLINE_HEADER`]),
     /// whenever the call has a deadline.
     pub fn deadline_header(mut self, name: &str) -> Self {
         self.deadline_header = header_name("deadline_header", name).map(Some);
@@ -329,7 +328,7 @@ impl RetryPolicyBuilder {
     /// `max(0, (requests − K·accepts) / (requests + 1))` over a sliding
     /// window, and never while the window is quiet or the failures are
     /// younger than a blip (see [`CircuitBreakerConfig`]). It guards calls
-    /// made through the middleware; the generic [`crate::retry`] has no
+    /// made through the middleware; the generic [`crate::retry::retry`] has no
     /// value to return without an attempt, so it only feeds the breaker.
     /// Default: off.
     pub fn circuit_breaker(mut self, config: CircuitBreakerConfig) -> Self {
@@ -385,20 +384,22 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Use this sleeper (tests inject one that does not sleep).
+    /// Use this sleeper: one that ends early when the service shuts down,
+    /// say (see [`crate::time`]). Tests use a [`ManualClock`] or tokio's
+    /// paused time, which the default follows.
     pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
         self.sleeper = Arc::new(sleeper);
         self
     }
 
-    /// Use this clock.
+    /// Use this clock (see [`crate::time`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
-    /// Use one [`crate::ManualClock`] as both clock and sleeper: sleeps
-    /// return at once and move the clock.
+    /// Use one [`ManualClock`](crate::time::ManualClock) as both clock and
+    /// sleeper: sleeps return at once and move the clock.
     pub fn manual_clock(self, clock: &ManualClock) -> Self {
         self.clock(clock.clone()).sleeper(clock.clone())
     }

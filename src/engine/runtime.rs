@@ -1,20 +1,16 @@
 //! The engine's view of time: a [`Sleeper`] and a [`Clock`], both injectable
-//! so tests never sleep for real.
+//! so tests never sleep for real (a `ManualClock`, or tokio's paused time,
+//! which the defaults follow).
 //!
 //! ```
 //! use std::time::Duration;
-//! use reqwest_safe_retry::{Clock, ManualClock, Sleeper};
+//! use reqwest_safe_retry::time::{Clock, Sleeper, SystemClock, TokioSleeper};
 //!
-//! # tokio_test_block_on(async {
-//! let clock = ManualClock::new();
-//! let start = clock.now();
-//! clock.sleep(Duration::from_millis(250)).await; // returns at once
-//! assert_eq!(clock.now() - start, Duration::from_millis(250));
-//! assert_eq!(clock.sleeps(), [Duration::from_millis(250)]);
+//! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
+//! let start = SystemClock.now();
+//! TokioSleeper.sleep(Duration::from_millis(250)).await; // paused: at once
+//! assert_eq!(SystemClock.now() - start, Duration::from_millis(250));
 //! # });
-//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-//! #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-//! # }
 //! ```
 
 use std::fmt;
