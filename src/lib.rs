@@ -122,6 +122,9 @@
 //!   labelled by host, to whichever exporter (Prometheus, OpenTelemetry,
 //!   StatsD) the application installs; names and labels in
 //!   `observability::metric_names`.
+//! - `test-util`, for `[dev-dependencies]` as tokio's: `time::ManualClock`
+//!   and the builder's `manual_clock`, `seed` and `rng`, for exact delays in
+//!   tests; a production build has no seed that many clients could share.
 //!
 //! # Where the names are
 //!
@@ -413,9 +416,9 @@ pub mod retry {
 pub mod time {
     //! Time: a [`Clock`] and a [`Sleeper`], tokio's by default
     //! ([`SystemClock`], [`TokioSleeper`]: `tokio::time::pause` applies);
-    //! the builder's `clock` and `sleeper` take yours. For tests,
-    //! [`ManualClock`], whose sleeps return at once, move it and are
-    //! recorded (with the builder's `manual_clock`, `seed` and `rng`).
+    //! the builder's `clock` and `sleeper` take yours. With `test-util`,
+    //! for tests, `ManualClock`, whose sleeps return at once, move it and
+    //! are recorded (with the builder's `manual_clock`, `seed` and `rng`).
     //!
     //! ```
     //! use reqwest_safe_retry::time::{BoxFuture, Sleeper};
@@ -438,5 +441,9 @@ pub mod time {
     //! let (_stop, shutdown) = tokio::sync::watch::channel(false);
     //! let _ = reqwest_safe_retry::RetryPolicy::builder().sleeper(UntilShutdown(shutdown));
     //! ```
-    pub use crate::engine::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};
+    // `test`: the crate's own unit tests use it without the feature.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub use crate::engine::ManualClock;
+    pub use crate::engine::{BoxFuture, Clock, Sleeper, SystemClock, TokioSleeper};
 }

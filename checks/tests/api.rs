@@ -1,10 +1,12 @@
 //! The public types are what a library's users need: Send, Sync, Debug,
 //! object-safe extension points; and the crate's root is a front door: the
 //! names of the quick start and of the table of equivalents, the rest in
-//! modules named for what they hold.
+//! modules named for what they hold, the test clock and seeds only with
+//! the `test-util` feature.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use reqwest_safe_retry::admission::*;
 use reqwest_safe_retry::classify::*;
@@ -288,4 +290,74 @@ fn the_root_holds_the_quick_start_and_the_rest_is_in_modules() {
     // The modules hold the rest: about seventy names before the front door.
     let total: usize = names.values().map(Vec::len).sum();
     assert!(total > 70, "{total} names in all: {names:#?}");
+}
+
+/// A project that depends on the crate as a user's does, with and without
+/// `test-util`: the test clock and the seed setters are there only with
+/// it. It shares the quick start's target folder (readme.rs), so only the
+/// two small crates are checked again.
+#[test]
+fn the_test_clock_and_seeds_need_the_test_util_feature() {
+    let exe = std::env::current_exe().unwrap();
+    let target = exe.ancestors().nth(3).unwrap().join("readme-quick-start");
+    let program = r#"use rand::SeedableRng;
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::RetryPolicy;
+
+fn main() {
+    let clock = ManualClock::new();
+    let _ = RetryPolicy::builder().manual_clock(&clock);
+    let _ = RetryPolicy::builder().seed(42);
+    let _ = RetryPolicy::builder().rng(rand::rngs::StdRng::seed_from_u64(1));
+}
+"#;
+    // The quick start's other lines, as readme.rs writes them, so that its
+    // dependencies are checked once for both.
+    const QUICK_START: &str =
+        "reqwest = { version = \"0.13\", default-features = false, features = [\"http2\"] }\n\
+        reqwest-middleware = \"0.5\"\n\
+        tokio = { version = \"1\", features = [\"macros\", \"rt-multi-thread\"] }\n";
+    let mut outputs = Vec::new();
+    for (name, features) in [("without", ""), ("with", r#", features = ["test-util"]"#)] {
+        let project = target.join(format!("project-test-util-{name}"));
+        std::fs::create_dir_all(project.join("src")).unwrap();
+        let manifest = format!(
+            "[package]\nname = \"test-util-{name}\"\nversion = \"0.0.0\"\nedition = \"2021\"\n\
+             publish = false\n\n[workspace]\n\n[dependencies]\n\
+             reqwest-safe-retry = {{ path = {:?}{features} }}\nrand = \"0.10\"\n{QUICK_START}",
+            root().display().to_string()
+        );
+        std::fs::write(project.join("Cargo.toml"), manifest).unwrap();
+        std::fs::write(project.join("src/main.rs"), program).unwrap();
+        std::fs::copy(root().join("Cargo.lock"), project.join("Cargo.lock")).unwrap();
+        let out = Command::new(env!("CARGO"))
+            .args(["check", "--offline", "--message-format=short"])
+            .current_dir(&project)
+            .env("CARGO_TARGET_DIR", target.join("target"))
+            .output()
+            .expect("cargo runs");
+        outputs.push((
+            name,
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
+    }
+    let (_, built, stderr) = &outputs[1];
+    assert!(
+        built,
+        "with `test-util` the test clock and seeds are there:\n{stderr}"
+    );
+    let (_, built, stderr) = &outputs[0];
+    assert!(
+        !built,
+        "without `test-util` the test clock and the seeds are public"
+    );
+    for missing in [
+        "unresolved import `reqwest_safe_retry::time::ManualClock`",
+        "no method named `manual_clock`",
+        "no method named `seed`",
+        "no method named `rng`",
+    ] {
+        assert!(stderr.contains(missing), "{missing}:\n{stderr}");
+    }
 }

@@ -32,14 +32,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+#[cfg(any(test, feature = "test-util"))]
 use rand::rngs::StdRng;
+#[cfg(any(test, feature = "test-util"))]
 use rand::SeedableRng;
 
 use crate::decisions::{
     AdaptiveConfig, CircuitBreakerConfig, FirstAttemptPacing, HedgeConfig, Jitter, RetryAdmission,
     TokenBucketConfig,
 };
-use crate::engine::{Clock, ManualClock, Rng, Sleeper, SystemClock, TokioSleeper};
+#[cfg(any(test, feature = "test-util"))]
+use crate::engine::ManualClock;
+use crate::engine::{Clock, Rng, Sleeper, SystemClock, TokioSleeper};
 use crate::http::DEFAULT_DEADLINE_HEADER;
 use crate::signals::Classifier;
 use crate::vocabulary::{ConfigError, KeyFormat, KeyGenerator};
@@ -370,23 +374,27 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Seed the random source, for reproducible delays. Never use the same
-    /// seed on many clients in production: identical seeds recreate
-    /// synchronized retries. Default: seeded from the OS.
+    /// Seed the random source, for reproducible delays in tests (feature
+    /// `test-util`). Not in a production build: the same seed on many
+    /// clients recreates synchronized retries. Default: seeded from the OS.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Some(Box::new(StdRng::seed_from_u64(seed)));
         self
     }
 
-    /// Use this random source.
+    /// Use this random source, in tests (feature `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn rng(mut self, rng: impl rand::Rng + Send + 'static) -> Self {
         self.rng = Some(Box::new(rng));
         self
     }
 
     /// Use this sleeper: one that ends early when the service shuts down,
-    /// say (see [`crate::time`]). Tests use a [`ManualClock`] or tokio's
-    /// paused time, which the default follows.
+    /// say (see [`crate::time`]). Tests use a `ManualClock` (feature
+    /// `test-util`) or tokio's paused time, which the default follows.
     pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
         self.sleeper = Arc::new(sleeper);
         self
@@ -399,7 +407,10 @@ impl RetryPolicyBuilder {
     }
 
     /// Use one [`ManualClock`](crate::time::ManualClock) as both clock and
-    /// sleeper: sleeps return at once and move the clock.
+    /// sleeper: sleeps return at once and move the clock (feature
+    /// `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn manual_clock(self, clock: &ManualClock) -> Self {
         self.clock(clock.clone()).sleeper(clock.clone())
     }

@@ -62,4 +62,6 @@ pub use policy::RetryPolicy;
 pub(crate) use policy::{Replicas, Rng, Settings};
 pub use run::{retry, retry_if_time, retry_in};
 pub(crate) use run::{Attempt, Run};
-pub use runtime::{BoxFuture, Clock, ManualClock, Sleeper, SystemClock, TokioSleeper};
+#[cfg(any(test, feature = "test-util"))]
+pub use runtime::ManualClock;
+pub use runtime::{BoxFuture, Clock, Sleeper, SystemClock, TokioSleeper};

@@ -1,6 +1,6 @@
 //! The engine's view of time: a [`Sleeper`] and a [`Clock`], both injectable
-//! so tests never sleep for real (a `ManualClock`, or tokio's paused time,
-//! which the defaults follow).
+//! so tests never sleep for real (with the `test-util` feature, a
+//! `ManualClock`; or tokio's paused time, which the defaults follow).
 //!
 //! ```
 //! use std::time::Duration;
@@ -13,12 +13,15 @@
 //! # });
 //! ```
 
+#[cfg(any(test, feature = "test-util"))]
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+#[cfg(any(test, feature = "test-util"))]
 use crate::vocabulary::lock;
 
 /// A boxed, sendable future, as the sleeper returns.
@@ -64,6 +67,7 @@ impl Clock for SystemClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// The farthest a [`ManualClock`] moves: about 31 years, so that `now()` and
 /// `wall()` can never overflow however long the sleeps asked of it.
 const MANUAL_HORIZON: Duration = Duration::from_secs(1_000_000_000);
@@ -73,11 +77,14 @@ const MANUAL_HORIZON: Duration = Duration::from_secs(1_000_000_000);
 ///
 /// For tests of code that retries: delays and deadlines are checked exactly,
 /// with no real sleeping. Clones share the same time and record.
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 #[derive(Clone)]
 pub struct ManualClock {
     inner: Arc<Mutex<ManualState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 struct ManualState {
     origin: Instant,
     offset: Duration,
@@ -85,6 +92,7 @@ struct ManualState {
     sleeps: Vec<Duration>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl ManualClock {
     /// A clock starting now, with wall-clock time 2026-01-01T00:00:00Z.
     pub fn new() -> Self {
@@ -121,12 +129,14 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Default for ManualClock {
     fn default() -> Self {
         ManualClock::new()
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = lock(&self.inner);
@@ -137,6 +147,7 @@ impl fmt::Debug for ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
         let state = lock(&self.inner);
@@ -158,6 +169,7 @@ impl Clock for ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Sleeper for ManualClock {
     fn sleep(&self, duration: Duration) -> BoxFuture<()> {
         {

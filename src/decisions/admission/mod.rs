@@ -116,7 +116,7 @@ pub use token_bucket::{NoAdmission, TokenBucket, TokenBucketConfig};
 /// policy opts out), [`RetryAdmission::admit`] when a retry has slept its
 /// backoff and is about to be sent, and [`RetryAdmission::record`] after
 /// every attempt, with what the answer said about the host's rate. Time comes from the policy's clock, so an implementation
-/// is tested with a [`crate::time::ManualClock`] and no real sleeping.
+/// is tested with a `time::ManualClock` (feature `test-util`) and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
     /// held back; this only lets the admission count traffic.
