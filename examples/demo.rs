@@ -19,10 +19,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, Partition, ReportSlot, RequestOptions, RetryMiddleware,
-    RetryPolicy,
-};
+use reqwest_safe_retry::admission::{AdaptiveAdmission, AdaptiveConfig, Partition};
+use reqwest_safe_retry::{ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

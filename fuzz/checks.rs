@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body_util::{BodyExt, Full};
-use reqwest_safe_retry::retry_after::parse;
-use reqwest_safe_retry::{IdempotencyKey, KeyFormat, MAX_KEY_LEN};
+use reqwest_safe_retry::classify::retry_after::parse;
+use reqwest_safe_retry::keys::{KeyFormat, MAX_KEY_LEN};
+use reqwest_safe_retry::IdempotencyKey;
 use tower::{Layer, ServiceExt};
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 

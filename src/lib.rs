@@ -17,14 +17,14 @@
 //! - **retry admission** shared by every clone of the client and kept per
 //!   host, so retries stay a small fraction of traffic during an outage
 //!   while a short blip still gets the retries it needs, and one dead host
-//!   never holds back another's (see [`AdaptiveAdmission`]); an opt-in
+//!   never holds back another's (see [`admission`]); an opt-in
 //!   per-host circuit breaker;
 //! - a **deadline**: it never sleeps past it, and never starts an attempt that
 //!   cannot finish inside it; the time left travels downstream in
 //!   `Request-Timeout-Ms`, and inside a handler wrapped by
-//!   [`InheritDeadlineLayer`] every call inherits its caller's (see
+//!   [`InheritDeadlineLayer`](deadline::InheritDeadlineLayer) every call inherits its caller's (see
 //!   "In a stack of services" below);
-//! - opt-in **hedged requests** ([`HedgeConfig`]): a second copy of a read
+//! - opt-in **hedged requests** ([`hedging`]): a second copy of a read
 //!   that is slower than its host's p95, the first answer winning, at most
 //!   5 % more requests and each hedge admitted like a retry;
 //! - a **report** of what happened, in the response's extensions.
@@ -65,7 +65,7 @@
 //! [`reqwest_middleware`](https://docs.rs/reqwest-middleware/0.5)).
 //!
 //! The same engine retries anything async — a database reconnect, an RPC —
-//! with [`retry`].
+//! with [`retry::retry`](retry::retry()).
 //!
 //! # One retry layer
 //!
@@ -88,19 +88,19 @@
 //! hop retries:
 //!
 //! - every attempt carries `Request-Timeout-Ms: <ms left>`
-//!   ([`DEFAULT_DEADLINE_HEADER`]; `.deadline_header(name)` renames it,
+//!   ([`DEFAULT_DEADLINE_HEADER`](deadline::DEFAULT_DEADLINE_HEADER); `.deadline_header(name)` renames it,
 //!   `.no_deadline_header()` turns it off);
-//! - [`InheritDeadlineLayer`], a tower layer on the receiving service, runs
-//!   each handler inside an [`InheritedDeadline`]: the calls it makes with
+//! - [`InheritDeadlineLayer`](deadline::InheritDeadlineLayer), a tower layer on the receiving service, runs
+//!   each handler inside an [`InheritedDeadline`](deadline::InheritedDeadline): the calls it makes with
 //!   this crate get `deadline = min(their own, the time left)`; a request
 //!   whose time is spent is answered `504` with `Stripe-Should-Retry:
 //!   false` without running the handler (work spawned onto another task
-//!   carries the scope explicitly, see [`InheritedDeadline`]), and a call
+//!   carries the scope explicitly, see [`InheritedDeadline`](deadline::InheritedDeadline)), and a call
 //!   the handler makes with less time left than `min_attempt_window` sends
 //!   nothing: it fails at once, `deadline`, with a [`RetryError`] whose
 //!   `is_timeout()` is true;
 //! - when such a call gives up, the service answers its caller with
-//!   `Stripe-Should-Retry: false` ([`GiveUp`]; the layer adds it to an
+//!   `Stripe-Should-Retry: false` ([`GiveUp`](deadline::GiveUp); the layer adds it to an
 //!   answer a client would retry), and the caller does not retry.
 //!
 //! The layer lives here, not in a server crate, because it and the client
@@ -116,11 +116,22 @@
 //!   [`reqwest`](https://docs.rs/reqwest/0.13), for an application whose reqwest has none. Without
 //!   any TLS an https URL fails with `invalid URL, scheme is not http`.
 //! - `native-tls`: the platform's TLS (OpenSSL on Linux) instead.
-//! - `metrics`: every counter of [`Metrics`], the attempts-per-call
+//! - `metrics`: every counter of [`Metrics`](observability::Metrics), the attempts-per-call
 //!   histogram and OpenTelemetry's `http.client.request.duration` are also
 //!   published through the [`metrics`](https://docs.rs/metrics) facade,
 //!   labelled by host, to whichever exporter (Prometheus, OpenTelemetry,
-//!   StatsD) the application installs; names and labels in `metric_names`.
+//!   StatsD) the application installs; names and labels in
+//!   `observability::metric_names`.
+//! - `test-util`, for `[dev-dependencies]` as tokio's: `time::ManualClock`
+//!   and the builder's `manual_clock`, `seed` and `rng`, for exact delays in
+//!   tests; a production build has no seed that many clients could share.
+//!
+//! # Where the names are
+//!
+//! The root holds what the quick start above and the table of equivalents
+//! ([`migrating`](_guide::migrating)) name, so a first program needs one
+//! `use` line; the rest is in the modules below, one per concern, each
+//! name at one path (`checks/tests/api.rs` holds the root to its list).
 
 // docs.rs (`--cfg docsrs`, see Cargo.toml) marks each feature-gated item
 // with the feature it needs; on today's nightly `doc_cfg` does it alone.
@@ -190,34 +201,249 @@ mod vocabulary;
 pub use reqwest;
 pub use reqwest_middleware;
 
-// The vocabulary: partitions, keys, the report, errors.
-pub use vocabulary::{
-    is_idempotent, BodySource, ConfigError, IdempotencyKey, KeyError, KeyFormat, KeyGenerator,
-    Partition, ReportSlot, RetryReport, RetryReportExt, Route, StopReason, MAX_KEY_LEN,
-};
-// What the server said.
-pub use signals::{
-    classify_error, classify_status, rate_limit, retry_after, Class, Classifier, DefaultClassifier,
-    HttpAttempt,
-};
-// The decisions.
-pub use decisions::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Backoff,
-    CircuitBreakerConfig, FirstAttemptPacing, Grant, GrantSource, HedgeConfig, Jitter, NoAdmission,
-    ReplicaTable, RetryAdmission, RetryKind, RetryRequest, TokenBucket, TokenBucketConfig,
-};
-// The engine.
-#[cfg(feature = "metrics")]
-pub use engine::{describe_metrics, names as metric_names};
-pub use engine::{
-    retry, retry_if_time, retry_in, AttemptContext, BoxFuture, Clock, InheritedDeadline,
-    ManualClock, Metrics, MetricsSnapshot, Outcome, RequestOptions, RetryPolicy, Sleeper,
-    SystemClock, TokioSleeper,
-};
-// HTTP.
-pub use http::{
-    GiveUp, InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer, ReplicaResolver,
-    RetryError, RetryMiddleware, DEFAULT_DEADLINE_HEADER, DEFAULT_VERDICT_HEADER,
-};
-// The builder, on top.
+// The front door: what the quick start and the table of equivalents name
+// (see "Where the names are" above).
 pub use builder::RetryPolicyBuilder;
+pub use decisions::Jitter;
+pub use engine::{RequestOptions, RetryPolicy};
+pub use http::{RetryError, RetryMiddleware};
+pub use signals::{Class, HttpAttempt};
+pub use vocabulary::{
+    ConfigError, IdempotencyKey, ReportSlot, RetryReport, RetryReportExt, StopReason,
+};
+
+pub mod admission {
+    //! Retry admission (whether a retry or a hedge may go now, per
+    //! [`Partition`]): [`AdaptiveAdmission`] by default, [`TokenBucket`],
+    //! [`NoAdmission`] or your [`RetryAdmission`]; and the circuit breaker.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::admission::{AdaptiveConfig, CircuitBreakerConfig, Partition};
+    //! use reqwest_safe_retry::{RequestOptions, RetryPolicy};
+    //!
+    //! let max_admission_wait = std::time::Duration::from_secs(2);
+    //! let policy = RetryPolicy::builder()
+    //!     .adaptive_admission(AdaptiveConfig { max_admission_wait, ..AdaptiveConfig::default() })
+    //!     .circuit_breaker(CircuitBreakerConfig::default())
+    //!     .build()
+    //!     .unwrap();
+    //! // One tenant's calls decided apart from the rest of its host's.
+    //! let options = RequestOptions::new().partition(Partition::named("tenant-7"));
+    //! # drop((policy, options));
+    //! ```
+    pub use crate::decisions::{
+        AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
+        CircuitBreakerConfig, Grant, GrantSource, NoAdmission, RetryAdmission, RetryKind,
+        RetryRequest, TokenBucket, TokenBucketConfig,
+    };
+    pub use crate::vocabulary::{Partition, Route};
+}
+
+pub mod pacing {
+    //! Rate-limit pacing: after a 429 a route's retries go at the rate it
+    //! accepts, and a spent quota holds its new calls until the reset
+    //! ([`FirstAttemptPacing`]); [`rate_limit`] reads the fields behind it.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::pacing::rate_limit;
+    //!
+    //! let mut headers = http::HeaderMap::new();
+    //! headers.insert("ratelimit", r#""day";r=0;t=60"#.parse().unwrap());
+    //! let limit = rate_limit::from_headers(&headers, std::time::SystemTime::now()).unwrap();
+    //! assert!(limit.exhausted());
+    //! // `.pace_first_attempts(true)` holds a throttled route's new calls too.
+    //! ```
+    pub use crate::decisions::FirstAttemptPacing;
+    pub use crate::signals::rate_limit;
+}
+
+pub mod hedging {
+    //! Hedged requests, opt-in ([`HedgeConfig`]): a second copy of a read
+    //! slower than its host's p95, the first answer winning, at most 5 %
+    //! more requests, each hedge admitted like a retry.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::{hedging::HedgeConfig, RetryPolicy};
+    //!
+    //! let hedge = HedgeConfig { percentile: 0.99, ..HedgeConfig::default() };
+    //! let policy = RetryPolicy::builder().hedge(hedge).build().unwrap();
+    //! assert_eq!(policy.hedge().map(|h| h.percentile), Some(0.99));
+    //! ```
+    pub use crate::decisions::HedgeConfig;
+}
+
+pub mod replicas {
+    //! One bad replica: the [`ReplicaResolver`], installed on the reqwest
+    //! client, sends a retry to another address of the host; the policy's
+    //! [`ReplicaTable`] keeps which addresses failed.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+    //!
+    //! let policy = RetryPolicy::default();
+    //! let http = reqwest::Client::builder().dns_resolver(policy.replica_resolver()).build();
+    //! let client = reqwest_middleware::ClientBuilder::new(http.unwrap())
+    //!     .with(RetryMiddleware::new(policy.clone()))
+    //!     .build();
+    //! assert!(policy.replicas().is_empty());
+    //! # drop(client);
+    //! ```
+    pub use crate::decisions::ReplicaTable;
+    pub use crate::http::ReplicaResolver;
+}
+
+pub mod replay {
+    //! Bodies sent again: a streamed body is kept as it goes, up to
+    //! `body_replay_limit`, and replayed on a retry or a hedge; a
+    //! [`BodySource`] in the request remakes it per attempt, at any size.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::{replay::BodySource, RetryMiddleware, RetryPolicy};
+    //!
+    //! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+    //!     .with(RetryMiddleware::new(RetryPolicy::default()))
+    //!     .build();
+    //! let _ = client // each attempt gets the body afresh (a file reopened, say)
+    //!     .put("http://uploads.internal/report.csv")
+    //!     .with_extension(BodySource::new(|| reqwest::Body::from("id,amount\n7,1200\n")));
+    //! ```
+    pub use crate::vocabulary::BodySource;
+}
+
+pub mod observability {
+    //! The counters every clone of a policy shares ([`Metrics`], read as a
+    //! [`MetricsSnapshot`]); with the `metrics` feature, the names they are
+    //! published under (`metric_names`) and `describe_metrics`. One call's
+    //! story is its [`crate::RetryReport`]; tracing needs nothing from here.
+    //!
+    //! ```
+    //! let policy = reqwest_safe_retry::RetryPolicy::default();
+    //! let snapshot: reqwest_safe_retry::observability::MetricsSnapshot = policy.metrics().snapshot();
+    //! assert_eq!(snapshot.calls, 0);
+    //! ```
+    #[cfg(feature = "metrics")]
+    pub use crate::engine::{describe_metrics, names as metric_names};
+    pub use crate::engine::{Metrics, MetricsSnapshot};
+}
+
+pub mod classify {
+    //! What an answer means: the default table ([`DefaultClassifier`],
+    //! [`classify_status`], [`classify_error`]), the [`Classifier`] trait,
+    //! the methods safe to repeat ([`is_idempotent`]) and the Retry-After
+    //! reader; a classifier's input and answer are at the root.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::classify::{classify_status, is_idempotent};
+    //! use reqwest_safe_retry::{Class, HttpAttempt, RetryPolicy};
+    //!
+    //! assert_eq!(classify_status(http::StatusCode::BAD_GATEWAY, false), Class::Transient);
+    //! assert!(!is_idempotent(&http::Method::POST));
+    //! let policy = RetryPolicy::builder() // this service's 507 clears up in seconds
+    //!     .classifier(|a: &HttpAttempt| (a.status()?.as_u16() == 507).then_some(Class::Transient))
+    //!     .build();
+    //! # drop(policy);
+    //! ```
+    pub use crate::signals::{
+        classify_error, classify_status, retry_after, Classifier, DefaultClassifier,
+    };
+    pub use crate::vocabulary::is_idempotent;
+}
+
+pub mod keys {
+    //! How a call's Idempotency-Key is made and written ([`KeyGenerator`],
+    //! [`KeyFormat`]) and what a key may hold ([`KeyError`],
+    //! [`MAX_KEY_LEN`]); a key of your own is a [`crate::IdempotencyKey`].
+    //!
+    //! ```
+    //! use reqwest_safe_retry::keys::{KeyFormat, KeyGenerator};
+    //!
+    //! let _ = reqwest_safe_retry::RetryPolicy::builder()
+    //!     .key_generator(KeyGenerator::UuidV7)
+    //!     .key_format(KeyFormat::StructuredField)
+    //!     .build();
+    //! ```
+    pub use crate::vocabulary::{KeyError, KeyFormat, KeyGenerator, MAX_KEY_LEN};
+}
+
+pub mod deadline {
+    //! A stack of services: the time left goes downstream
+    //! ([`DEFAULT_DEADLINE_HEADER`]); [`InheritDeadlineLayer`] runs each
+    //! handler in an [`InheritedDeadline`] its calls inherit; a handler
+    //! whose call gave up answers [`GiveUp`] ([`DEFAULT_VERDICT_HEADER`]).
+    //!
+    //! ```
+    //! use reqwest_safe_retry::deadline::InheritDeadlineLayer;
+    //!
+    //! let service = tower::ServiceBuilder::new()
+    //!     .layer(InheritDeadlineLayer::new())
+    //!     .service_fn(|_: http::Request<String>| async {
+    //!         Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    //!     });
+    //! # drop(service);
+    //! ```
+    pub use crate::engine::InheritedDeadline;
+    pub use crate::http::{
+        GiveUp, InheritDeadline, InheritDeadlineFuture, InheritDeadlineLayer,
+        DEFAULT_DEADLINE_HEADER, DEFAULT_VERDICT_HEADER,
+    };
+}
+
+pub mod retry {
+    //! Anything async (a reconnect, an RPC) retried by the middleware's
+    //! engine: [`retry()`], [`retry_in`], [`retry_if_time`]; an attempt
+    //! answers an [`Outcome`] and reads its [`AttemptContext`]. [`Backoff`]
+    //! is the delay arithmetic alone.
+    //!
+    //! ```
+    //! use reqwest_safe_retry::retry::{retry, Outcome};
+    //!
+    //! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
+    //! let policy = reqwest_safe_retry::RetryPolicy::default();
+    //! let (value, report) = retry(&policy, |ctx| async move {
+    //!     match ctx.attempt() {
+    //!         1 | 2 => Outcome::transient(Err("connection refused")),
+    //!         _ => Outcome::success(Ok(42)),
+    //!     }
+    //! })
+    //! .await;
+    //! assert_eq!((value, report.attempts()), (Ok(42), 3));
+    //! # });
+    //! ```
+    pub use crate::decisions::Backoff;
+    pub use crate::engine::{retry, retry_if_time, retry_in, AttemptContext, Outcome};
+}
+
+pub mod time {
+    //! Time: a [`Clock`] and a [`Sleeper`], tokio's by default
+    //! ([`SystemClock`], [`TokioSleeper`]: `tokio::time::pause` applies);
+    //! the builder's `clock` and `sleeper` take yours. With `test-util`,
+    //! for tests, `ManualClock`, whose sleeps return at once, move it and
+    //! are recorded (with the builder's `manual_clock`, `seed` and `rng`).
+    //!
+    //! ```
+    //! use reqwest_safe_retry::time::{BoxFuture, Sleeper};
+    //!
+    //! /// tokio's sleep, cut short once shutdown begins.
+    //! struct UntilShutdown(tokio::sync::watch::Receiver<bool>);
+    //!
+    //! impl Sleeper for UntilShutdown {
+    //!     fn sleep(&self, duration: std::time::Duration) -> BoxFuture<()> {
+    //!         let mut shutdown = self.0.clone();
+    //!         Box::pin(async move {
+    //!             tokio::select! {
+    //!                 _ = tokio::time::sleep(duration) => {}
+    //!                 _ = shutdown.wait_for(|down| *down) => {}
+    //!             }
+    //!         })
+    //!     }
+    //! }
+    //!
+    //! let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    //! let _ = reqwest_safe_retry::RetryPolicy::builder().sleeper(UntilShutdown(shutdown));
+    //! ```
+    // `test`: the crate's own unit tests use it without the feature.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+    pub use crate::engine::ManualClock;
+    pub use crate::engine::{BoxFuture, Clock, Sleeper, SystemClock, TokioSleeper};
+}

@@ -20,11 +20,14 @@ use rand::SeedableRng;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{
-    retry, AdaptiveAdmission, AdaptiveConfig, Admission, Backoff, BoxFuture, IdempotencyKey,
-    Jitter, KeyGenerator, Outcome, Partition, RetryAdmission, RetryKind, RetryMiddleware,
-    RetryPolicy, RetryRequest, Sleeper, TokenBucket, TokenBucketConfig,
+use reqwest_safe_retry::admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, Partition, RetryAdmission, RetryKind,
+    RetryRequest, TokenBucket, TokenBucketConfig,
 };
+use reqwest_safe_retry::keys::KeyGenerator;
+use reqwest_safe_retry::retry::{retry, Backoff, Outcome};
+use reqwest_safe_retry::time::{BoxFuture, Sleeper};
+use reqwest_safe_retry::{IdempotencyKey, Jitter, RetryMiddleware, RetryPolicy};
 use support::{block_on, without_deadline, Canned};
 
 fn backoff(jitter: Jitter) -> Backoff {

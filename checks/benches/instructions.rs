@@ -48,7 +48,8 @@ mod support;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::keys::KeyGenerator;
+use reqwest_safe_retry::{IdempotencyKey, RetryMiddleware, RetryPolicy};
 use support::{block_on, without_deadline, Canned};
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -39,7 +39,8 @@ use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{IdempotencyKey, KeyGenerator, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::keys::KeyGenerator;
+use reqwest_safe_retry::{IdempotencyKey, RetryMiddleware, RetryPolicy};
 
 #[path = "support/floor.rs"]
 mod floor;

@@ -31,8 +31,9 @@ use clap::Parser;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_safe_retry::hedging::HedgeConfig;
 use reqwest_safe_retry::{
-    HedgeConfig, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, RetryReportExt,
+    ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, RetryReportExt,
 };
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;

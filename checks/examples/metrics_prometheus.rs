@@ -20,7 +20,8 @@ use axum::routing::get;
 use axum::Router;
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use reqwest_safe_retry::{metric_names, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::observability::metric_names;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -42,10 +42,8 @@ use clap::{Parser, ValueEnum};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{
-    GiveUp, InheritDeadlineLayer, InheritedDeadline, ReportSlot, RequestOptions, RetryMiddleware,
-    RetryPolicy,
-};
+use reqwest_safe_retry::deadline::{GiveUp, InheritDeadlineLayer, InheritedDeadline};
+use reqwest_safe_retry::{ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy};
 
 /// The driver's deadline, as µs since the cell's start: every hop passes
 /// it on, so the database can tell work nobody waits for.

@@ -38,10 +38,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use clap::Parser;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{
-    GiveUp, InheritDeadlineLayer, ReportSlot, RetryMiddleware, RetryPolicy, StopReason,
-    DEFAULT_DEADLINE_HEADER,
-};
+use reqwest_safe_retry::deadline::{GiveUp, InheritDeadlineLayer, DEFAULT_DEADLINE_HEADER};
+use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy, StopReason};
 
 #[derive(Parser, Debug)]
 #[command(about = "Forwards every request to an upstream, propagating the caller's deadline")]

@@ -24,7 +24,8 @@ use bytes::Bytes;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
-use reqwest_safe_retry::{BodySource, ReportSlot, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::replay::BodySource;
+use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -8,12 +8,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest_safe_retry::{
-    retry, AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Clock,
-    GrantSource, Jitter, ManualClock, NoAdmission, Outcome, Partition, RetryAdmission, RetryKind,
-    RetryMiddleware, RetryPolicy, RetryReport, RetryRequest, StopReason, TokenBucket,
+use reqwest_safe_retry::admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
+    NoAdmission, Partition, RetryAdmission, RetryKind, RetryRequest, TokenBucket,
     TokenBucketConfig,
 };
+use reqwest_safe_retry::retry::{retry, Outcome};
+use reqwest_safe_retry::time::{Clock, ManualClock};
+use reqwest_safe_retry::{Jitter, RetryMiddleware, RetryPolicy, RetryReport, StopReason};
 use support::{client, ms, policy};
 
 /// A fresh admission of each strategy, with `capacity` tokens where it has
@@ -340,7 +342,7 @@ fn a_successful_probe_releases_waiting_retries_with_slow_start() {
 fn failures_collapse_the_release_rate() {
     let a = small(0.001);
     let t0 = Instant::now();
-    let released = reqwest_safe_retry::Grant::new(GrantSource::Released, 0.0);
+    let released = reqwest_safe_retry::admission::Grant::new(GrantSource::Released, 0.0);
     for _ in 0..20 {
         a.record(
             P,

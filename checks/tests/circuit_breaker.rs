@@ -7,10 +7,10 @@ mod support;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use reqwest_safe_retry::{
-    CircuitBreakerConfig, InheritDeadlineLayer, ManualClock, ReportSlot, RetryError, RetryPolicy,
-    StopReason,
-};
+use reqwest_safe_retry::admission::CircuitBreakerConfig;
+use reqwest_safe_retry::deadline::InheritDeadlineLayer;
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{ReportSlot, RetryError, RetryPolicy, StopReason};
 use support::{client, ms, policy};
 use tower::{Layer, Service, ServiceExt};
 

@@ -3,9 +3,8 @@
 
 mod support;
 
-use reqwest_safe_retry::{
-    Class, HttpAttempt, ManualClock, RequestOptions, RetryReport, StopReason,
-};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{Class, HttpAttempt, RequestOptions, RetryReport, StopReason};
 use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -5,9 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{
-    Jitter, ManualClock, RequestOptions, RetryPolicy, RetryReport, StopReason,
-};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{Jitter, RequestOptions, RetryPolicy, RetryReport, StopReason};
 use support::{client, ms, policy};
 use wiremock::{MockServer, ResponseTemplate};
 

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{
-    retry, Jitter, ManualClock, Outcome, RetryPolicy, StopReason, TokenBucketConfig,
-};
+use reqwest_safe_retry::admission::TokenBucketConfig;
+use reqwest_safe_retry::retry::{retry, Outcome};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{Jitter, RetryPolicy, StopReason};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -4,9 +4,8 @@
 
 mod support;
 
-use reqwest_safe_retry::{
-    ManualClock, ReportSlot, RequestOptions, RetryError, RetryReportExt, StopReason,
-};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{ReportSlot, RequestOptions, RetryError, RetryReportExt, StopReason};
 use support::{client, faulty_server, ms, policy, refused_addr, Fault};
 
 /// What a caller's error handling looks at.

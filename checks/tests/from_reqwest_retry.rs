@@ -17,8 +17,9 @@ use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_retry::policies::ExponentialBackoff;
 use reqwest_retry::RetryTransientMiddleware;
+use reqwest_safe_retry::time::ManualClock;
 use reqwest_safe_retry::{
-    ManualClock, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, RetryReport, StopReason,
+    ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, RetryReport, StopReason,
 };
 use support::{answering_with, refused_addr};
 use wiremock::{MockServer, ResponseTemplate};

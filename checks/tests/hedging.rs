@@ -9,11 +9,14 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
+    Partition, RetryAdmission, RetryKind, RetryRequest, Route, TokenBucketConfig,
+};
+use reqwest_safe_retry::hedging::HedgeConfig;
+use reqwest_safe_retry::replay::BodySource;
 use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, BodySource, Grant,
-    GrantSource, HedgeConfig, Partition, RequestOptions, RetryAdmission, RetryKind,
-    RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt, RetryRequest,
-    Route, TokenBucketConfig,
+    RequestOptions, RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport, RetryReportExt,
 };
 use tokio::time::Instant;
 
@@ -333,7 +336,7 @@ async fn refused_by_the_breaker(hedged: bool) -> usize {
         .hedge(cfg)
         .no_budget()
         .max_attempts(1)
-        .circuit_breaker(reqwest_safe_retry::CircuitBreakerConfig::default())
+        .circuit_breaker(reqwest_safe_retry::admission::CircuitBreakerConfig::default())
         .build()
         .unwrap();
     let client = client(policy, &server);

@@ -18,7 +18,8 @@ use openssl::pkey::{PKey, Private};
 #[cfg(feature = "default-tls")]
 use openssl::x509::X509;
 use reqwest_safe_retry::reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 #[cfg(feature = "default-tls")]
 use tokio::net::TcpListener;
 

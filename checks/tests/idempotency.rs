@@ -4,9 +4,9 @@ mod support;
 
 use std::collections::HashSet;
 
-use reqwest_safe_retry::{
-    IdempotencyKey, KeyFormat, KeyGenerator, ManualClock, RequestOptions, RetryError, RetryReport,
-};
+use reqwest_safe_retry::keys::{KeyFormat, KeyGenerator};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{IdempotencyKey, RequestOptions, RetryError, RetryReport};
 use support::{client, policy};
 use wiremock::MockServer;
 

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Request, Response, StatusCode};
-use reqwest_safe_retry::{retry, InheritDeadlineLayer, InheritedDeadline, Outcome, RetryPolicy};
+use reqwest_safe_retry::deadline::{InheritDeadlineLayer, InheritedDeadline};
+use reqwest_safe_retry::retry::{retry, Outcome};
+use reqwest_safe_retry::RetryPolicy;
 use tower::{Layer, Service, ServiceExt};
 
 fn ms(n: u64) -> Duration {

@@ -7,10 +7,11 @@ mod support;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use reqwest_safe_retry::{
-    retry, retry_if_time, InheritedDeadline, Jitter, ManualClock, Outcome, Partition, RetryError,
-    RetryPolicy, RetryReport, StopReason,
-};
+use reqwest_safe_retry::admission::Partition;
+use reqwest_safe_retry::deadline::InheritedDeadline;
+use reqwest_safe_retry::retry::{retry, retry_if_time, Outcome};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{Jitter, RetryError, RetryPolicy, RetryReport, StopReason};
 use support::{client, ms, policy};
 use wiremock::ResponseTemplate;
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rand::{rngs::StdRng, SeedableRng};
-use reqwest_safe_retry::{Backoff, Jitter, ManualClock};
+use reqwest_safe_retry::retry::Backoff;
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::Jitter;
 use support::{client, ms, policy};
 use wiremock::MockServer;
 

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::io::Read;
 use std::os::fd::FromRawFd;
 
-use reqwest_safe_retry::{IdempotencyKey, KeyGenerator};
+use reqwest_safe_retry::keys::KeyGenerator;
+use reqwest_safe_retry::IdempotencyKey;
 
 const KEYS: usize = 1000;
 

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{InheritDeadlineLayer, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::deadline::InheritDeadlineLayer;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 use tower::{Layer, Service, ServiceExt};
 
 /// Answers 201 to everything and keeps the key each request carried.

@@ -16,10 +16,11 @@ use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::{CompositeKey, MetricKind};
 use reqwest_middleware::{Middleware, Next};
-use reqwest_safe_retry::{
-    metric_names as names, AdaptiveConfig, HedgeConfig, ManualClock, MetricsSnapshot, Partition,
-    RequestOptions, RetryMiddleware, RetryPolicy,
-};
+use reqwest_safe_retry::admission::{AdaptiveConfig, Partition};
+use reqwest_safe_retry::hedging::HedgeConfig;
+use reqwest_safe_retry::observability::{metric_names as names, MetricsSnapshot};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RequestOptions, RetryMiddleware, RetryPolicy};
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use reqwest_safe_retry::{metric_names as names, ManualClock, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::observability::metric_names as names;
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 use tokio::sync::OnceCell;
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -2,7 +2,7 @@
 
 mod support;
 
-use reqwest_safe_retry::ManualClock;
+use reqwest_safe_retry::time::ManualClock;
 use support::{client, policy};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -12,9 +12,9 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use reqwest_middleware::ClientWithMiddleware;
-use reqwest_safe_retry::{
-    GiveUp, InheritDeadlineLayer, ManualClock, ReportSlot, RetryReport, StopReason,
-};
+use reqwest_safe_retry::deadline::{GiveUp, InheritDeadlineLayer};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{ReportSlot, RetryReport, StopReason};
 use support::{client, policy};
 use wiremock::ResponseTemplate;
 

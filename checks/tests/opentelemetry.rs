@@ -17,7 +17,9 @@ use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData};
 use opentelemetry_sdk::metrics::InMemoryMetricExporter;
 use opentelemetry_sdk::trace::InMemorySpanExporter;
-use reqwest_safe_retry::{metric_names as names, ManualClock, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::observability::metric_names as names;
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -8,11 +8,13 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest_safe_retry::{
-    retry_in, AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult,
-    BoxFuture, Clock, Grant, GrantSource, Jitter, ManualClock, Outcome, Partition, RequestOptions,
-    RetryAdmission, RetryKind, RetryPolicy, RetryRequest, Sleeper, StopReason,
+use reqwest_safe_retry::admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
+    Partition, RetryAdmission, RetryKind, RetryRequest,
 };
+use reqwest_safe_retry::retry::{retry_in, Outcome};
+use reqwest_safe_retry::time::{BoxFuture, Clock, ManualClock, Sleeper};
+use reqwest_safe_retry::{Jitter, RequestOptions, RetryPolicy, StopReason};
 use support::{client, ms, policy};
 
 const A: Partition = Partition::SINGLE;

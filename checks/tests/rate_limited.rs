@@ -9,9 +9,8 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{
-    FirstAttemptPacing, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
-};
+use reqwest_safe_retry::pacing::FirstAttemptPacing;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
 use tokio::time::Instant;
 
 /// First attempts paced by every pacing (`.pace_first_attempts(true)`).
@@ -651,7 +650,7 @@ async fn table() {
 
 #[test]
 fn one_hosts_throttling_never_paces_another() {
-    use reqwest_safe_retry::{
+    use reqwest_safe_retry::admission::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
         Partition, RetryAdmission, RetryKind, RetryRequest, Route,
     };
@@ -774,7 +773,7 @@ async fn a_host_that_is_down_does_not_hold_new_calls_for_long() {
 
 #[test]
 fn pacing_ends_when_the_host_has_been_calm() {
-    use reqwest_safe_retry::{
+    use reqwest_safe_retry::admission::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
         RetryAdmission, Route,
     };
@@ -810,7 +809,7 @@ fn pacing_ends_when_the_host_has_been_calm() {
 /// and 5).
 #[test]
 fn only_a_429_or_a_spent_quota_paces_and_only_its_route() {
-    use reqwest_safe_retry::{
+    use reqwest_safe_retry::admission::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
         RetryAdmission, RetryKind, RetryRequest, Route,
     };
@@ -850,11 +849,11 @@ fn only_a_429_or_a_spent_quota_paces_and_only_its_route() {
 /// alone holds no new call (issue 29, findings 1 and 2).
 #[test]
 fn a_spent_quota_holds_new_calls_until_its_reset_and_releases_them_spread() {
-    use reqwest_safe_retry::rate_limit;
-    use reqwest_safe_retry::{
+    use reqwest_safe_retry::admission::{
         AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
         Partition, RetryAdmission, Route,
     };
+    use reqwest_safe_retry::pacing::rate_limit;
     let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
     let host = Partition::named("quota");
     let now = std::time::Instant::now();

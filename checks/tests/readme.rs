@@ -350,8 +350,9 @@ fn every_rust_block_in_both_readmes_and_front_pages_compiles_as_pasted() {
 
 #[test]
 fn the_status_table_is_the_classifier_s() {
+    use reqwest_safe_retry::classify::classify_status;
     use reqwest_safe_retry::reqwest::StatusCode;
-    use reqwest_safe_retry::{classify_status, Class};
+    use reqwest_safe_retry::Class;
 
     let table = section("What it does");
     let codes = |cell: &str| -> Vec<u16> {
@@ -427,7 +428,7 @@ fn the_reqwest_retry_section_names_the_defaults_that_reach_further() {
         assert!(text.contains(needed), "{needed}");
     }
     // The header it names is the one the client sends.
-    let header = reqwest_safe_retry::DEFAULT_DEADLINE_HEADER;
+    let header = reqwest_safe_retry::deadline::DEFAULT_DEADLINE_HEADER;
     assert!(text.to_ascii_lowercase().contains(header), "{header}");
     let tests = include_str!("from_reqwest_retry.rs");
     for test in [

@@ -16,10 +16,10 @@ use http::Extensions;
 use http_body_util::BodyExt;
 use reqwest::Method;
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use reqwest_safe_retry::{
-    BodySource, BoxFuture, HedgeConfig, ManualClock, RetryMiddleware, RetryPolicy, RetryReport,
-    RetryReportExt, Sleeper, StopReason,
-};
+use reqwest_safe_retry::hedging::HedgeConfig;
+use reqwest_safe_retry::replay::BodySource;
+use reqwest_safe_retry::time::{BoxFuture, ManualClock, Sleeper};
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport, RetryReportExt, StopReason};
 use support::uploads::{upload_server, Plan, Upload};
 use support::{client, policy};
 use tokio::sync::watch;

@@ -4,7 +4,8 @@
 
 mod support;
 
-use reqwest_safe_retry::{ManualClock, RetryReport, StopReason};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryReport, StopReason};
 use support::{answering_with, client, policy};
 use wiremock::ResponseTemplate;
 

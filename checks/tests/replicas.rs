@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, ManualClock,
-    Partition, ReportSlot, RetryAdmission, RetryMiddleware, RetryPolicy, RetryReportExt,
-    RetryRequest, StopReason,
+use reqwest_safe_retry::admission::{
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
+    RetryAdmission, RetryRequest,
 };
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
 use support::replicas::{replicas, Replica, ANSWERS_503, HEALTHY, RESETS};
 
 fn client(policy: &RetryPolicy, addrs: &[SocketAddr]) -> ClientWithMiddleware {

@@ -15,10 +15,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{
-    Clock, HedgeConfig, ManualClock, ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy,
-    StopReason,
-};
+use reqwest_safe_retry::hedging::HedgeConfig;
+use reqwest_safe_retry::time::{Clock, ManualClock};
+use reqwest_safe_retry::{ReportSlot, RequestOptions, RetryMiddleware, RetryPolicy, StopReason};
 use support::replicas::{
     dead, replicas, Lookup, Replica, ANSWERS_503, HANGS, HEALTHY, RESETS, RESETS_ONCE,
 };

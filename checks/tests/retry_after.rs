@@ -4,7 +4,8 @@ mod support;
 
 use std::time::{Duration, SystemTime};
 
-use reqwest_safe_retry::{Jitter, ManualClock, RetryPolicy, RetryReport, StopReason};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{Jitter, RetryPolicy, RetryReport, StopReason};
 use support::{client, ms, policy};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -24,7 +25,7 @@ fn every_form_in_the_fixture_parses_or_is_ignored() {
             "ignored" => None,
             secs => Some(Duration::from_secs(secs.parse().unwrap())),
         };
-        let got = reqwest_safe_retry::retry_after::parse(value, Some(date), now);
+        let got = reqwest_safe_retry::classify::retry_after::parse(value, Some(date), now);
         assert_eq!(got, want, "Retry-After: {value:?}");
         rows += 1;
     }

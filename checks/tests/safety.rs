@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 
 use http::Method;
 
-use reqwest_safe_retry::{ManualClock, RequestOptions, RetryReport, StopReason};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RequestOptions, RetryReport, StopReason};
 use support::{client, faulty_server, policy, refused_addr, Fault};
 
 fn unkeyed() -> RequestOptions {

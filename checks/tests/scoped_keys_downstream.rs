@@ -22,7 +22,8 @@ use axum::routing::post;
 use axum::Router;
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_safe_retry::{InheritDeadlineLayer, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::deadline::InheritDeadlineLayer;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
 use support::charges::{downstream, serve};
 use tokio::sync::Notify;
 use tower_idempotency::{
@@ -198,7 +199,7 @@ async fn without_an_idempotency_layer_the_credential_still_counts() {
     use tower::{Layer, Service, ServiceExt};
     let derive = |auth: &'static str| async move {
         let handler = tower::service_fn(|_: http::Request<String>| async {
-            let key = reqwest_safe_retry::InheritedDeadline::current()
+            let key = reqwest_safe_retry::deadline::InheritedDeadline::current()
                 .and_then(|d| d.derive_key())
                 .unwrap_or_default();
             Ok::<_, std::convert::Infallible>(http::Response::new(key))

@@ -7,7 +7,8 @@ mod support;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 
-use reqwest_safe_retry::{ManualClock, RetryReport, StopReason};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryReport, StopReason};
 use wiremock::matchers::{body_string, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

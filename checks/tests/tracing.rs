@@ -6,7 +6,8 @@
 
 mod support;
 
-use reqwest_safe_retry::{retry, ManualClock, Outcome};
+use reqwest_safe_retry::retry::{retry, Outcome};
+use reqwest_safe_retry::time::ManualClock;
 use support::spans::{field, Fields, Seen};
 use support::{client, policy};
 use tracing_subscriber::layer::SubscriberExt;

@@ -1,8 +1,9 @@
 use std::time::Duration;
 
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_safe_retry::time::ManualClock;
 use reqwest_safe_retry::{
-    ManualClock, RequestOptions, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
+    RequestOptions, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason,
 };
 use wiremock::matchers::method;
 use wiremock::{Mock, MockServer, ResponseTemplate};

@@ -1,6 +1,7 @@
 use std::time::Duration;
 
-use reqwest_safe_retry::{ManualClock, RetryMiddleware, RetryPolicy, RetryReport, StopReason};
+use reqwest_safe_retry::time::ManualClock;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReport, StopReason};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 

@@ -25,7 +25,7 @@ impl RetryPolicyBuilder {
     /// is shorter than the minimum attempt window (no attempt could ever
     /// start), a header name is invalid, or the admission's settings are
     /// (a zero-capacity budget, for one), or hedging's are (see
-    /// [`crate::HedgeConfig`]: a percentile outside (0, 1], say).
+    /// [`crate::hedging::HedgeConfig`]: a percentile outside (0, 1], say).
     ///
     /// With the `metrics` feature, building describes every metric to the
     /// installed recorder and registers the series that exist before any

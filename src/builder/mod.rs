@@ -15,7 +15,6 @@
 //!     .jitter(Jitter::Equal)
 //!     .deadline(Duration::from_secs(10))
 //!     .attempt_timeout(Duration::from_secs(3))
-//!     .seed(42) // deterministic delays, for tests
 //!     .build()
 //!     .unwrap();
 //! assert_eq!(policy.max_attempts(), 4);
@@ -33,14 +32,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
+#[cfg(any(test, feature = "test-util"))]
 use rand::rngs::StdRng;
+#[cfg(any(test, feature = "test-util"))]
 use rand::SeedableRng;
 
 use crate::decisions::{
     AdaptiveConfig, CircuitBreakerConfig, FirstAttemptPacing, HedgeConfig, Jitter, RetryAdmission,
     TokenBucketConfig,
 };
-use crate::engine::{Clock, ManualClock, Rng, Sleeper, SystemClock, TokioSleeper};
+#[cfg(any(test, feature = "test-util"))]
+use crate::engine::ManualClock;
+use crate::engine::{Clock, Rng, Sleeper, SystemClock, TokioSleeper};
 use crate::http::DEFAULT_DEADLINE_HEADER;
 use crate::signals::Classifier;
 use crate::vocabulary::{ConfigError, KeyFormat, KeyGenerator};
@@ -240,8 +243,8 @@ impl RetryPolicyBuilder {
 
     /// Send the time left before the deadline, in whole milliseconds, in this
     /// header on every attempt, so inner services can stop working on what
-    /// nobody waits for ([`crate::InheritDeadlineLayer`] reads it). Default:
-    /// sent, as `Request-Timeout-Ms` ([`crate::DEFAULT_DEADLINE_HEADER`]),
+    /// nobody waits for ([`crate::deadline::InheritDeadlineLayer`] reads it). Default:
+    /// sent, as `Request-Timeout-Ms` ([`crate::deadline::DEFAULT_DEADLINE_HEADER`]),
     /// whenever the call has a deadline.
     pub fn deadline_header(mut self, name: &str) -> Self {
         self.deadline_header = header_name("deadline_header", name).map(Some);
@@ -329,7 +332,7 @@ impl RetryPolicyBuilder {
     /// `max(0, (requests − K·accepts) / (requests + 1))` over a sliding
     /// window, and never while the window is quiet or the failures are
     /// younger than a blip (see [`CircuitBreakerConfig`]). It guards calls
-    /// made through the middleware; the generic [`crate::retry`] has no
+    /// made through the middleware; the generic [`crate::retry::retry`] has no
     /// value to return without an attempt, so it only feeds the breaker.
     /// Default: off.
     pub fn circuit_breaker(mut self, config: CircuitBreakerConfig) -> Self {
@@ -371,34 +374,43 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Seed the random source, for reproducible delays. Never use the same
-    /// seed on many clients in production: identical seeds recreate
-    /// synchronized retries. Default: seeded from the OS.
+    /// Seed the random source, for reproducible delays in tests (feature
+    /// `test-util`). Not in a production build: the same seed on many
+    /// clients recreates synchronized retries. Default: seeded from the OS.
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn seed(mut self, seed: u64) -> Self {
         self.rng = Some(Box::new(StdRng::seed_from_u64(seed)));
         self
     }
 
-    /// Use this random source.
+    /// Use this random source, in tests (feature `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn rng(mut self, rng: impl rand::Rng + Send + 'static) -> Self {
         self.rng = Some(Box::new(rng));
         self
     }
 
-    /// Use this sleeper (tests inject one that does not sleep).
+    /// Use this sleeper: one that ends early when the service shuts down,
+    /// say (see [`crate::time`]). Tests use a `ManualClock` (feature
+    /// `test-util`) or tokio's paused time, which the default follows.
     pub fn sleeper(mut self, sleeper: impl Sleeper) -> Self {
         self.sleeper = Arc::new(sleeper);
         self
     }
 
-    /// Use this clock.
+    /// Use this clock (see [`crate::time`]).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
-    /// Use one [`crate::ManualClock`] as both clock and sleeper: sleeps
-    /// return at once and move the clock.
+    /// Use one [`ManualClock`](crate::time::ManualClock) as both clock and
+    /// sleeper: sleeps return at once and move the clock (feature
+    /// `test-util`).
+    #[cfg(any(test, feature = "test-util"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     pub fn manual_clock(self, clock: &ManualClock) -> Self {
         self.clock(clock.clone()).sleeper(clock.clone())
     }

@@ -19,7 +19,7 @@ impl RetryPolicy {
     /// max(20 s, the backoff that follows it) (see
     /// [`RetryPolicyBuilder::min_attempt_timeout`]),
     /// no attempt limit, no deadline and no request budget. Each call of
-    /// [`crate::retry`] starts again from the initial delay, as gRPC does
+    /// [`crate::retry::retry`] starts again from the initial delay, as gRPC does
     /// after a successful connection.
     pub fn grpc_connection_backoff() -> RetryPolicyBuilder {
         RetryPolicyBuilder::new()
@@ -60,7 +60,7 @@ impl RetryPolicy {
 impl Default for RetryPolicy {
     /// 3 attempts; full jitter from 100 ms, ×2, capped at 10 s; a 30 s
     /// deadline; Retry-After honoured up to 60 s; adaptive retry admission
-    /// ([`crate::AdaptiveConfig::default`]); Idempotency-Key (UUID v4, bare)
+    /// ([`crate::admission::AdaptiveConfig::default`]); Idempotency-Key (UUID v4, bare)
     /// on POST and PATCH; `Stripe-Should-Retry` honoured; the time left sent
     /// downstream as `Request-Timeout-Ms`.
     fn default() -> Self {

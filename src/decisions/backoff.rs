@@ -3,7 +3,8 @@
 //! ```
 //! use std::time::Duration;
 //! use rand::{rngs::StdRng, SeedableRng};
-//! use reqwest_safe_retry::{Backoff, Jitter};
+//! use reqwest_safe_retry::Jitter;
+//! use reqwest_safe_retry::retry::Backoff;
 //!
 //! let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
 //!     .unwrap()

@@ -3,7 +3,8 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use reqwest_safe_retry::{HedgeConfig, RetryPolicy};
+//! use reqwest_safe_retry::RetryPolicy;
+//! use reqwest_safe_retry::hedging::HedgeConfig;
 //!
 //! // A second copy of a GET after its host's p95 latency (at least 5 ms),
 //! // at most 5 % more requests, and each hedge admitted like a retry.
@@ -40,7 +41,7 @@ use super::admission::{Bounds, Partitions};
 /// host has `min_samples` latencies on record, the host's hedge budget
 /// (`max_extra_load` of its first attempts) has a hedge left, and the
 /// policy's retry admission admits it like a retry (of
-/// [`crate::RetryKind::Hedge`]). The first answer wins and the other copy is
+/// [`crate::admission::RetryKind::Hedge`]). The first answer wins and the other copy is
 /// dropped, its connection closed; a copy that fails transiently does not
 /// end the attempt while the other is still in flight. Both copies carry
 /// the same idempotency key and end by the attempt's timeout and the
@@ -62,7 +63,7 @@ use super::admission::{Bounds, Partitions};
 ///   unhedged one would: a success, or a stop that names the body). The
 ///   first copy reads the stream unless the hedge got to it first (the
 ///   first copy had not begun sending its body, still connecting, say):
-///   then the first copy is the one that drops out. A [`crate::BodySource`]
+///   then the first copy is the one that drops out. A [`crate::replay::BodySource`]
 ///   makes each copy's body afresh, when the copy is sent.
 /// - **Failed copies.** A copy that drops out, and a hedge that ends in
 ///   an error rather than an answer of its host (refused, timed out, a
@@ -71,7 +72,7 @@ use super::admission::{Bounds, Partitions};
 ///   never counted a win ([`crate::RetryReport::hedge_wins`]). A copy
 ///   dropped for its body tells the admission nothing of the host.
 /// - **Pacing and admission.** A hedge is admitted like a retry
-///   ([`crate::RetryKind::Hedge`]), asks once and never waits; the default
+///   ([`crate::admission::RetryKind::Hedge`]), asks once and never waits; the default
 ///   admission pays it from its bucket only, never while a retry waits,
 ///   and never on a route it paces: a throttled route gets no hedge. What
 ///   a hedge's answer says of the host's rate (a 429, a Retry-After, the

@@ -10,7 +10,8 @@
 //! ```
 //! use std::time::Duration;
 //! use rand::{rngs::StdRng, SeedableRng};
-//! use reqwest_safe_retry::{Backoff, Jitter};
+//! use reqwest_safe_retry::Jitter;
+//! use reqwest_safe_retry::retry::Backoff;
 //!
 //! let (base, cap) = (Duration::from_millis(100), Duration::from_secs(10));
 //! let backoff = Backoff::from_parts(base, cap, 2.0, Jitter::None).unwrap();

@@ -4,7 +4,7 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use std::time::Instant;
-//! use reqwest_safe_retry::ReplicaTable;
+//! use reqwest_safe_retry::replicas::ReplicaTable;
 //!
 //! let table = ReplicaTable::default();
 //! let addrs: Vec<SocketAddr> =
@@ -138,7 +138,7 @@ struct Name {
 }
 
 /// The health of every address of every name a client resolved through a
-/// [`crate::ReplicaResolver`], shared by the resolver and the policy's
+/// [`crate::replicas::ReplicaResolver`], shared by the resolver and the policy's
 /// calls. Thread-safe and bounded in memory.
 #[derive(Default)]
 pub struct ReplicaTable {

@@ -3,7 +3,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use reqwest_safe_retry::{retry, InheritedDeadline, Outcome, RetryPolicy};
+//! use reqwest_safe_retry::RetryPolicy;
+//! use reqwest_safe_retry::deadline::InheritedDeadline;
+//! use reqwest_safe_retry::retry::{retry, Outcome};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
 //! let policy = RetryPolicy::default(); // its own deadline: 30 s
@@ -47,7 +49,7 @@ tokio::task_local! {
 ///
 /// **Between services**, as a duration: every attempt carries the time left
 /// before the call's deadline, in whole milliseconds, in the
-/// `Request-Timeout-Ms` header ([`crate::DEFAULT_DEADLINE_HEADER`]; another name
+/// `Request-Timeout-Ms` header ([`crate::deadline::DEFAULT_DEADLINE_HEADER`]; another name
 /// with `RetryPolicyBuilder::deadline_header`, none with
 /// `RetryPolicyBuilder::no_deadline_header`). A duration and not an
 /// instant, as gRPC's `grpc-timeout` and userver do, so that clock skew
@@ -55,9 +57,9 @@ tokio::task_local! {
 /// late; the price is that the network's transit time is not subtracted.
 ///
 /// **Inside a service**, in a tokio task-local: the inbound layer
-/// ([`crate::InheritDeadlineLayer`]) reads the header and runs the handler's
+/// ([`crate::deadline::InheritDeadlineLayer`]) reads the header and runs the handler's
 /// future inside an [`InheritedDeadline`] scope; every call that this crate
-/// makes within it — through the middleware or through [`crate::retry`] —
+/// makes within it — through the middleware or through [`crate::retry::retry`] —
 /// gets `deadline = min(its own, the inherited time left)`, and so every
 /// attempt timeout is bounded by it too. No plumbing through the
 /// application: a task-local rather than the request's extensions, because
@@ -71,14 +73,17 @@ tokio::task_local! {
 /// the give-up. Not even a request with a zero timeout goes: reqwest's
 /// timer may fire after the request left, and a payment API without our
 /// inbound layer would run a POST nobody waits for. A generic operation
-/// run by [`crate::retry_if_time`] is not called either (its value is
-/// `None`); [`crate::retry`] has no value to return without calling its
+/// run by [`crate::retry::retry_if_time`] is not called either (its value is
+/// `None`); [`crate::retry::retry`] has no value to return without calling its
 /// operation, and calls it once, with `ctx.timeout()` the time left (zero
 /// when none).
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{retry_if_time, InheritedDeadline, Outcome, Partition, RetryPolicy};
+/// use reqwest_safe_retry::RetryPolicy;
+/// use reqwest_safe_retry::admission::Partition;
+/// use reqwest_safe_retry::deadline::InheritedDeadline;
+/// use reqwest_safe_retry::retry::{retry_if_time, Outcome};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
 /// let policy = RetryPolicy::default(); // an attempt's window: 100 ms
@@ -95,7 +100,7 @@ tokio::task_local! {
 /// another task (`tokio::spawn`) does not inherit it. Carry it explicitly:
 ///
 /// ```
-/// # use reqwest_safe_retry::InheritedDeadline;
+/// # use reqwest_safe_retry::deadline::InheritedDeadline;
 /// # async fn handler() {
 /// let scope = InheritedDeadline::current();
 /// tokio::spawn(async move {
@@ -112,7 +117,7 @@ tokio::task_local! {
 /// crate (the client's crate): a separate layer crate would have to depend
 /// on the client for it, or the client on the layer.
 ///
-/// Set by [`crate::InheritDeadlineLayer`] around a handler; read by every
+/// Set by [`crate::deadline::InheritDeadlineLayer`] around a handler; read by every
 /// call this crate makes inside it. Clones share the note, so a scope
 /// carried into a spawned task still reports its give-ups to the layer.
 #[derive(Debug, Clone)]
@@ -223,10 +228,10 @@ impl InheritedDeadline {
     /// each effect once. Two callers' requests with the same key derive
     /// different keys.
     ///
-    /// [`crate::InheritDeadlineLayer`] sets it from the request's headers.
+    /// [`crate::deadline::InheritDeadlineLayer`] sets it from the request's headers.
     ///
     /// ```
-    /// use reqwest_safe_retry::InheritedDeadline;
+    /// use reqwest_safe_retry::deadline::InheritedDeadline;
     ///
     /// let scope = InheritedDeadline::unlimited().serving_key(b"Bearer alice", "order-17");
     /// let first = scope.derive_key();

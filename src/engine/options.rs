@@ -83,7 +83,7 @@ impl RequestOptions {
     /// `min_attempt_window` (a 50 ms deadline to a service that answers
     /// in 2 ms completes). The window still guards what follows: a retry
     /// starts only with the window left, and a deadline inherited from an
-    /// inbound request ([`crate::InheritedDeadline`]) that leaves less than
+    /// inbound request ([`crate::deadline::InheritedDeadline`]) that leaves less than
     /// the window sends nothing. When an inherited deadline is shorter
     /// than this one, it is the inherited one that binds, window included.
     pub fn deadline(mut self, deadline: Duration) -> Self {

@@ -203,7 +203,7 @@ impl<T> Outcome<T> {
         self.with_kind(RetryKind::Throttled)
     }
 
-    /// The server's rate-limit fields (see [`crate::rate_limit`]): a
+    /// The server's rate-limit fields (see [`crate::pacing::rate_limit`]): a
     /// partition whose quota is spent is held until its reset.
     #[must_use]
     pub fn with_rate_limit(mut self, rate_limit: RateLimit) -> Self {

@@ -50,7 +50,7 @@ pub struct RetryPolicy {
     /// Latencies and hedge budgets per host, for hedged requests.
     pub(crate) hedger: Arc<Hedger>,
     /// The health of each host's addresses, shared with the policy's
-    /// [`crate::ReplicaResolver`]s.
+    /// [`crate::replicas::ReplicaResolver`]s.
     pub(crate) replicas: Arc<Replicas>,
     /// The bytes the replay buffers of this policy's calls hold.
     pub(crate) replay_memory: Arc<ReplayMemory>,
@@ -134,7 +134,7 @@ impl RetryPolicy {
     }
 
     /// The health of the addresses of each host resolved through this
-    /// policy's [`crate::ReplicaResolver`]s.
+    /// policy's [`crate::replicas::ReplicaResolver`]s.
     pub fn replicas(&self) -> &ReplicaTable {
         &self.replicas.table
     }

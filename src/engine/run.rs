@@ -39,11 +39,10 @@ where
 /// failing target neither holds back nor releases another's retries.
 ///
 /// ```
-/// use reqwest_safe_retry::{retry_in, ManualClock, Outcome, Partition, RetryPolicy};
+/// use reqwest_safe_retry::{admission::Partition, retry::{retry_in, Outcome}, RetryPolicy};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let clock = ManualClock::new();
-/// let policy = RetryPolicy::builder().manual_clock(&clock).seed(1).build().unwrap();
+/// let policy = RetryPolicy::default();
 /// let replica = Partition::named("db-replica-2");
 /// let (value, report) = retry_in(&policy, replica, |_| async { Outcome::success(Ok::<_, ()>(7)) }).await;
 /// assert_eq!(value, Ok(7));
@@ -68,10 +67,10 @@ where
 
 /// [`retry_in`], for an operation that must not start without time for an
 /// attempt: when the deadline, its own or inherited
-/// ([`crate::InheritedDeadline`]), leaves less than the policy's
+/// ([`crate::deadline::InheritedDeadline`]), leaves less than the policy's
 /// `min_attempt_window`, `op` is not called, the value is `None` and the
 /// report says `deadline`, with no attempt (an example is in
-/// [`crate::InheritedDeadline`]). [`retry_in`] has no value to return
+/// [`crate::deadline::InheritedDeadline`]). [`retry_in`] has no value to return
 /// without `op`, and calls it once even then.
 pub async fn retry_if_time<T, F, Fut>(
     policy: &RetryPolicy,

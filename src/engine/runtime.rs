@@ -1,28 +1,27 @@
 //! The engine's view of time: a [`Sleeper`] and a [`Clock`], both injectable
-//! so tests never sleep for real.
+//! so tests never sleep for real (with the `test-util` feature, a
+//! `ManualClock`; or tokio's paused time, which the defaults follow).
 //!
 //! ```
 //! use std::time::Duration;
-//! use reqwest_safe_retry::{Clock, ManualClock, Sleeper};
+//! use reqwest_safe_retry::time::{Clock, Sleeper, SystemClock, TokioSleeper};
 //!
-//! # tokio_test_block_on(async {
-//! let clock = ManualClock::new();
-//! let start = clock.now();
-//! clock.sleep(Duration::from_millis(250)).await; // returns at once
-//! assert_eq!(clock.now() - start, Duration::from_millis(250));
-//! assert_eq!(clock.sleeps(), [Duration::from_millis(250)]);
+//! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
+//! let start = SystemClock.now();
+//! TokioSleeper.sleep(Duration::from_millis(250)).await; // paused: at once
+//! assert_eq!(SystemClock.now() - start, Duration::from_millis(250));
 //! # });
-//! # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-//! #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
-//! # }
 //! ```
 
+#[cfg(any(test, feature = "test-util"))]
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+#[cfg(any(test, feature = "test-util"))]
 use crate::vocabulary::lock;
 
 /// A boxed, sendable future, as the sleeper returns.
@@ -68,6 +67,7 @@ impl Clock for SystemClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 /// The farthest a [`ManualClock`] moves: about 31 years, so that `now()` and
 /// `wall()` can never overflow however long the sleeps asked of it.
 const MANUAL_HORIZON: Duration = Duration::from_secs(1_000_000_000);
@@ -77,11 +77,14 @@ const MANUAL_HORIZON: Duration = Duration::from_secs(1_000_000_000);
 ///
 /// For tests of code that retries: delays and deadlines are checked exactly,
 /// with no real sleeping. Clones share the same time and record.
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 #[derive(Clone)]
 pub struct ManualClock {
     inner: Arc<Mutex<ManualState>>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 struct ManualState {
     origin: Instant,
     offset: Duration,
@@ -89,6 +92,7 @@ struct ManualState {
     sleeps: Vec<Duration>,
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl ManualClock {
     /// A clock starting now, with wall-clock time 2026-01-01T00:00:00Z.
     pub fn new() -> Self {
@@ -125,12 +129,14 @@ impl ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Default for ManualClock {
     fn default() -> Self {
         ManualClock::new()
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl fmt::Debug for ManualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = lock(&self.inner);
@@ -141,6 +147,7 @@ impl fmt::Debug for ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Clock for ManualClock {
     fn now(&self) -> Instant {
         let state = lock(&self.inner);
@@ -162,6 +169,7 @@ impl Clock for ManualClock {
     }
 }
 
+#[cfg(any(test, feature = "test-util"))]
 impl Sleeper for ManualClock {
     fn sleep(&self, duration: Duration) -> BoxFuture<()> {
         {

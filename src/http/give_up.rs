@@ -2,7 +2,8 @@
 //! its caller's behalf gives up, the service answers "do not retry".
 //!
 //! ```
-//! use reqwest_safe_retry::{GiveUp, StopReason};
+//! use reqwest_safe_retry::StopReason;
+//! use reqwest_safe_retry::deadline::GiveUp;
 //!
 //! // The call to the database tier gave up before its deadline.
 //! let give_up = GiveUp::for_reason(StopReason::Deadline).unwrap();
@@ -44,7 +45,7 @@ pub const DEFAULT_VERDICT_HEADER: &str = "stripe-should-retry";
 ///
 /// When the call did get a response (a 503 after its last attempt), pass
 /// that on and add the verdict with [`GiveUp::add_verdict`] instead.
-/// [`crate::InheritDeadlineLayer`] adds it by itself to a handler's answer
+/// [`crate::deadline::InheritDeadlineLayer`] adds it by itself to a handler's answer
 /// that a client would retry, when a call made inside the handler gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GiveUp {

@@ -5,7 +5,7 @@
 //! ```
 //! use std::convert::Infallible;
 //! use std::time::Duration;
-//! use reqwest_safe_retry::{InheritDeadlineLayer, InheritedDeadline};
+//! use reqwest_safe_retry::deadline::{InheritDeadlineLayer, InheritedDeadline};
 //! use tower::{Layer, Service, ServiceExt};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(async {
@@ -73,7 +73,7 @@ use super::give_up::{do_not_retry, DEFAULT_VERDICT_HEADER};
 ///   see), a 413 with a readable `Retry-After`, or any 4xx or 5xx whose
 ///   verdict header says `true` — the layer sets `Stripe-Should-Retry:
 ///   false`, replacing an upstream's `true` handed on with the answer: the
-///   handler's calls were the one retry layer ([`crate::GiveUp`] says
+///   handler's calls were the one retry layer ([`crate::deadline::GiveUp`] says
 ///   why), and an upstream's "retry" is not this service's to give.
 /// - When the request carries an `Idempotency-Key` (another name with
 ///   [`InheritDeadlineLayer::key_header`]; none with

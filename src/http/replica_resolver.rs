@@ -103,7 +103,7 @@ impl Seen {
 }
 
 /// A `reqwest` DNS resolver that hands each new connection every address
-/// of its name in the order the policy's [`crate::ReplicaTable`] gives: a
+/// of its name in the order the policy's [`crate::replicas::ReplicaTable`] gives: a
 /// due probe first, the healthy addresses in turn, the ones that failed
 /// recently last, so that hyper connects to a healthy one and falls
 /// through to the next when a connection is refused. An address that

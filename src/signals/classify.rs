@@ -1,7 +1,8 @@
 //! Transient or permanent, and why.
 //!
 //! ```
-//! use reqwest_safe_retry::{Class, Classifier, HttpAttempt};
+//! use reqwest_safe_retry::{Class, HttpAttempt};
+//! use reqwest_safe_retry::classify::Classifier;
 //!
 //! // Extend the table: this API answers 404 while a replica catches up.
 //! let classifier = |attempt: &HttpAttempt<'_>| match attempt.status() {
@@ -68,7 +69,7 @@ pub enum Class {
 
 /// One HTTP attempt as a classifier sees it: the method, whether a key
 /// went with it, and the response or the error it ended with. (The engine's
-/// [`Outcome`](crate::Outcome) is what a classifier's answer becomes.)
+/// [`Outcome`](crate::retry::Outcome) is what a classifier's answer becomes.)
 #[derive(Debug)]
 pub struct HttpAttempt<'a> {
     pub(crate) method: &'a Method,

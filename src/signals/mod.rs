@@ -8,7 +8,8 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use reqwest_safe_retry::{classify_status, retry_after, Class};
+//! use reqwest_safe_retry::Class;
+//! use reqwest_safe_retry::classify::{classify_status, retry_after};
 //!
 //! assert_eq!(classify_status(http::StatusCode::SERVICE_UNAVAILABLE, false), Class::Transient);
 //! assert_eq!(classify_status(http::StatusCode::NOT_FOUND, false), Class::Permanent);

@@ -4,7 +4,7 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use reqwest_safe_retry::rate_limit::from_headers;
+//! use reqwest_safe_retry::pacing::rate_limit::from_headers;
 //!
 //! let mut headers = http::HeaderMap::new();
 //! headers.insert("ratelimit", r#""default";r=0;t=3"#.parse().unwrap());

@@ -3,7 +3,7 @@
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
-//! use reqwest_safe_retry::retry_after::parse;
+//! use reqwest_safe_retry::classify::retry_after::parse;
 //!
 //! let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
 //! assert_eq!(parse("120", None, now), Some(Duration::from_secs(120)));

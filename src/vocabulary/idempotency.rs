@@ -1,7 +1,8 @@
 //! Idempotency keys and the method safety rule.
 //!
 //! ```
-//! use reqwest_safe_retry::{IdempotencyKey, KeyFormat};
+//! use reqwest_safe_retry::IdempotencyKey;
+//! use reqwest_safe_retry::keys::KeyFormat;
 //!
 //! let key = IdempotencyKey::new("order-42-charge").unwrap();
 //! assert_eq!(key.header_value(KeyFormat::Bare).unwrap(), "order-42-charge");

@@ -1,7 +1,8 @@
 //! Random bytes for fresh idempotency keys, from the kernel's generator.
 //!
 //! ```
-//! use reqwest_safe_retry::{IdempotencyKey, KeyGenerator};
+//! use reqwest_safe_retry::IdempotencyKey;
+//! use reqwest_safe_retry::keys::KeyGenerator;
 //!
 //! let a = IdempotencyKey::generate(KeyGenerator::UuidV4);
 //! let b = IdempotencyKey::generate(KeyGenerator::UuidV4);
@@ -9,7 +10,7 @@
 //! ```
 //!
 //! What the keys guarantee, and why the kernel's generator: see
-//! [`KeyGenerator::UuidV4`](crate::KeyGenerator::UuidV4).
+//! [`KeyGenerator::UuidV4`](crate::keys::KeyGenerator::UuidV4).
 
 /// Fills `buf` from the kernel's generator: one `getrandom` system call
 /// (through `uuid`), which a `fork()` child or a restored snapshot cannot

@@ -6,7 +6,8 @@
 //! May use: nothing of the crate, only std and external crates.
 //!
 //! ```
-//! use reqwest_safe_retry::{IdempotencyKey, Partition, StopReason};
+//! use reqwest_safe_retry::{IdempotencyKey, StopReason};
+//! use reqwest_safe_retry::admission::Partition;
 //!
 //! let key = IdempotencyKey::new("order-7731").unwrap();
 //! assert_eq!(key.as_str(), "order-7731");

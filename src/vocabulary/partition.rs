@@ -42,7 +42,7 @@ impl Hasher for DigestHasher {
 /// that no host name can be chosen to share another host's partition.
 ///
 /// ```
-/// use reqwest_safe_retry::Partition;
+/// use reqwest_safe_retry::admission::Partition;
 ///
 /// let url = "https://api.example.com/v1/charges".parse().unwrap();
 /// let other = "https://api.example.com:443/v1/refunds".parse().unwrap();
@@ -55,7 +55,7 @@ pub struct Partition(u64);
 
 impl Partition {
     /// The one partition of an admission that is not split: what the
-    /// generic [`crate::retry`] uses unless told otherwise.
+    /// generic [`crate::retry::retry`] uses unless told otherwise.
     pub const SINGLE: Partition = Partition(0);
 
     /// The partition of a URL: its scheme, host and port (the known

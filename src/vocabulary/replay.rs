@@ -51,7 +51,8 @@ use reqwest::{Body, Request};
 /// opened in the closure streams a file of any size.
 ///
 /// ```no_run
-/// use reqwest_safe_retry::{BodySource, RetryMiddleware, RetryPolicy};
+/// use reqwest_safe_retry::{RetryMiddleware, RetryPolicy};
+/// use reqwest_safe_retry::replay::BodySource;
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())

@@ -139,7 +139,7 @@ impl RetryReport {
 
     /// The address each attempt went to, in order (`None` where it is not
     /// known). Known when the client resolves through the policy's
-    /// [`crate::ReplicaResolver`]: from the answer, or, for an attempt
+    /// [`crate::replicas::ReplicaResolver`]: from the answer, or, for an attempt
     /// that failed before one, from the address its new connection was
     /// given. Empty otherwise.
     pub fn addresses(&self) -> &[Option<SocketAddr>] {
@@ -206,7 +206,7 @@ impl RetryReport {
     }
 
     /// Hedges sent: second copies of an attempt that was slower than its
-    /// host's usual latency (see [`crate::HedgeConfig`]). Not counted in
+    /// host's usual latency (see [`crate::hedging::HedgeConfig`]). Not counted in
     /// [`RetryReport::attempts`]: a hedge is part of the attempt it copies.
     pub fn hedges(&self) -> u32 {
         u32::from(self.hedges)

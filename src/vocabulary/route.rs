@@ -5,7 +5,7 @@
 //! per host (GitHub's search and core quotas, a payment API's per-account
 //! limits), so a throttling answer proves something about the path it
 //! came from, not about the host's other paths. Pacing is kept per
-//! [`Route`] inside the host's [`crate::Partition`] (and for the routes of
+//! [`Route`] inside the host's [`crate::admission::Partition`] (and for the routes of
 //! one caller that several of its routes' throttling answers, together
 //! and none succeeding, show to share a limit: a limit per account); the
 //! outage admission stays per host.
@@ -26,7 +26,7 @@
 /// of the route.
 ///
 /// ```
-/// use reqwest_safe_retry::Route;
+/// use reqwest_safe_retry::admission::Route;
 ///
 /// let url = |s: &str| Route::of_url(&s.parse().unwrap());
 /// assert_eq!(url("https://api.example/items/17"), url("https://api.example/items/18?x=1"));
@@ -71,7 +71,7 @@ fn is_identifier(segment: &str) -> bool {
 
 impl Route {
     /// The whole partition: what a request with no route (the generic
-    /// [`crate::retry`]) is on.
+    /// [`crate::retry::retry`]) is on.
     pub const WHOLE: Route = Route {
         digest: 0,
         caller: 0,

@@ -16,7 +16,8 @@ use std::time::Duration;
 use http::{Extensions, HeaderName, HeaderValue, Method};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use reqwest_safe_retry::{IdempotencyKey, KeyGenerator};
+use reqwest_safe_retry::keys::KeyGenerator;
+use reqwest_safe_retry::IdempotencyKey;
 
 /// A value of about the report's size: only its size is read.
 #[derive(Clone)]

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
-use reqwest_safe_retry::{Backoff, Jitter};
+use reqwest_safe_retry::retry::Backoff;
+use reqwest_safe_retry::Jitter;
 
 use crate::args::{BrookerArgs, Strategy};
 use crate::{plot, AnyResult};

@@ -98,7 +98,7 @@ async fn run_all(args: &IsolationArgs) -> AnyResult<()> {
 fn with_breaker(seed: u64) -> AnyResult<RetryPolicy> {
     Ok(RetryPolicy::builder()
         .seed(seed)
-        .circuit_breaker(reqwest_safe_retry::CircuitBreakerConfig::default())
+        .circuit_breaker(reqwest_safe_retry::admission::CircuitBreakerConfig::default())
         .build()?)
 }
 

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use reqwest_safe_retry::{retry, Jitter, RetryPolicy, RetryPolicyBuilder, TokenBucketConfig};
+use reqwest_safe_retry::admission::TokenBucketConfig;
+use reqwest_safe_retry::retry::retry;
+use reqwest_safe_retry::{Jitter, RetryPolicy, RetryPolicyBuilder};
 
 use crate::AnyResult;
 
@@ -60,7 +62,7 @@ pub(crate) fn default_policy(admit: Admit, seed: u64) -> AnyResult<RetryPolicy> 
 pub(crate) async fn warm(policy: RetryPolicy) -> RetryPolicy {
     for _ in 0..1000 {
         retry(&policy, |_| async {
-            reqwest_safe_retry::Outcome::success(())
+            reqwest_safe_retry::retry::Outcome::success(())
         })
         .await;
     }

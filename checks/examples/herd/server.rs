@@ -14,7 +14,8 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use reqwest_middleware::ClientBuilder;
-use reqwest_safe_retry::{MetricsSnapshot, ReportSlot, RetryMiddleware, RetryPolicy};
+use reqwest_safe_retry::observability::MetricsSnapshot;
+use reqwest_safe_retry::{ReportSlot, RetryMiddleware, RetryPolicy};
 
 use crate::{table, AnyResult};
 

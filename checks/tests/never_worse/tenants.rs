@@ -52,7 +52,8 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 use reqwest::{Method, Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
-use reqwest_safe_retry::{HedgeConfig, RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
+use reqwest_safe_retry::hedging::HedgeConfig;
+use reqwest_safe_retry::{RetryMiddleware, RetryPolicy, RetryReportExt, StopReason};
 use tokio::time::Instant;
 
 use super::{

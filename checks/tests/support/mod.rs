@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_safe_retry::time::ManualClock;
 use reqwest_safe_retry::{
-    ManualClock, ReportSlot, RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport,
+    ReportSlot, RetryMiddleware, RetryPolicy, RetryPolicyBuilder, RetryReport,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

@@ -7,7 +7,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{Aggregation, Instrument, SdkMeterProvider, Stream};
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter};
-use reqwest_safe_retry::metric_names;
+use reqwest_safe_retry::observability::metric_names;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 

@@ -58,7 +58,8 @@ const RECENT: u64 = 2;
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_safe_retry::{CircuitBreakerConfig, RetryPolicy};
+/// use reqwest_safe_retry::RetryPolicy;
+/// use reqwest_safe_retry::admission::CircuitBreakerConfig;
 ///
 /// let policy = RetryPolicy::builder()
 ///     .circuit_breaker(CircuitBreakerConfig {

@@ -3,8 +3,8 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use reqwest_safe_retry::{
-//!     Admission, AdaptiveAdmission, AdaptiveConfig, AttemptRecord, AttemptResult, Partition,
+//! use reqwest_safe_retry::admission::{
+//!     AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Partition,
 //!     RetryAdmission, RetryKind, RetryRequest,
 //! };
 //!
@@ -116,7 +116,7 @@ pub use token_bucket::{NoAdmission, TokenBucket, TokenBucketConfig};
 /// policy opts out), [`RetryAdmission::admit`] when a retry has slept its
 /// backoff and is about to be sent, and [`RetryAdmission::record`] after
 /// every attempt, with what the answer said about the host's rate. Time comes from the policy's clock, so an implementation
-/// is tested with a [`crate::ManualClock`] and no real sleeping.
+/// is tested with a `time::ManualClock` (feature `test-util`) and no real sleeping.
 pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     /// A logical operation sends its first attempt. First attempts are never
     /// held back; this only lets the admission count traffic.
@@ -200,7 +200,7 @@ pub enum RetryKind {
     Throttled,
     /// Not a retry: a second copy of a request still in flight, sent
     /// because the first is slower than its host's usual latency (see
-    /// [`crate::HedgeConfig`]). A hedge asks once and never waits: an
+    /// [`crate::hedging::HedgeConfig`]). A hedge asks once and never waits: an
     /// answer other than [`Admission::Admit`] sends no hedge.
     Hedge,
 }

@@ -15,7 +15,7 @@
 //!
 //! # What starts it, what a hold is, and how long
 //!
-//! Pacing is kept per [`crate::Route`]: a throttling answer proves
+//! Pacing is kept per [`crate::admission::Route`]: a throttling answer proves
 //! something about its path, not about the host's other paths, until the
 //! evidence says more (several routes throttled together, none succeeding,
 //! pace the host as one: the admission's `adaptive/admit` module). Only

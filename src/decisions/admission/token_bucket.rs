@@ -16,7 +16,7 @@ const SCALE: f64 = 1000.0;
 /// The settings of a [`TokenBucket`], by name.
 ///
 /// ```
-/// use reqwest_safe_retry::{TokenBucket, TokenBucketConfig};
+/// use reqwest_safe_retry::admission::{TokenBucket, TokenBucketConfig};
 ///
 /// let bucket = TokenBucket::new(TokenBucketConfig {
 ///     capacity: 20.0,
@@ -76,7 +76,7 @@ pub(crate) fn to_milli(setting: &'static str, v: f64) -> Result<u64, ConfigError
 /// host's outage from spending another host's retries.
 ///
 /// ```
-/// use reqwest_safe_retry::{TokenBucket, TokenBucketConfig};
+/// use reqwest_safe_retry::admission::{TokenBucket, TokenBucketConfig};
 ///
 /// let budget = TokenBucket::new(TokenBucketConfig {
 ///     capacity: 2.0,

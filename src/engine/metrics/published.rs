@@ -2,7 +2,7 @@
 //! set of handles per host, registered at zero when the host is first seen.
 //!
 //! ```
-//! use reqwest_safe_retry::metric_names as names;
+//! use reqwest_safe_retry::observability::metric_names as names;
 //!
 //! // OpenTelemetry's name for the duration of an HTTP request (one
 //! // attempt); an exporter following Prometheus's naming renders it
@@ -34,7 +34,7 @@ use crate::vocabulary::{lock, DigestState};
 /// sample per attempt sent, i.e. per HTTP request, resends included); the
 /// retry-specific ones are in this crate's namespace, lowercase and
 /// dot-separated, counters without a `_total` suffix and the unit in the
-/// metadata ([`crate::describe_metrics`]), not in the name. An exporter
+/// metadata ([`crate::observability::describe_metrics`]), not in the name. An exporter
 /// following Prometheus's naming adds both: metrics-exporter-prometheus
 /// with `.with_recommended_naming(true)` renders `RETRIES` as
 /// `reqwest_safe_retry_retries_total` and `REQUEST_DURATION` as
@@ -45,10 +45,10 @@ use crate::vocabulary::{lock, DigestState};
 /// [`SERVER_ADDRESS`](names::SERVER_ADDRESS) and
 /// [`SERVER_PORT`](names::SERVER_PORT) from the request's URL (`_other` for
 /// hosts past the bound, see [`crate::RetryPolicyBuilder::build`]); a
-/// generic [`crate::retry`] operation, which has no host, has neither
+/// generic [`crate::retry::retry`] operation, which has no host, has neither
 /// label. The duration histogram adds [`METHOD`](names::METHOD), and
 /// [`STATUS_CODE`](names::STATUS_CODE) or [`ERROR_TYPE`](names::ERROR_TYPE)
-/// (both for a 4xx or 5xx). Each counter is the [`crate::MetricsSnapshot`]
+/// (both for a 4xx or 5xx). Each counter is the [`crate::observability::MetricsSnapshot`]
 /// field its doc names, split by host.
 pub mod names {
     /// Histogram, seconds: the duration of each attempt (OpenTelemetry's

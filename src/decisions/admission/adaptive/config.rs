@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// The settings of an [`crate::AdaptiveAdmission`], by name.
+/// The settings of an [`crate::admission::AdaptiveAdmission`], by name.
 ///
 /// The defaults hold the three lines of BENCHMARKS.md: a 1 s blip of 400
 /// calls ≥ 97 % succeed at ≤ 2.5× the traffic, a long outage stays ≤ 1.15×,
