@@ -208,7 +208,10 @@ impl Middleware for RetryMiddleware {
         // An async block, not an `async fn`: it keeps the run and the
         // attempts in place instead of a second copy of each.
         let call = async move {
-            let (result, mut report) = run.drive(&mut attempts).await;
+            let result = run.drive(&mut attempts).await;
+            // Moved out of the run, which ends here: no copy, no empty
+            // report left behind to drop.
+            let mut report = run.report;
             if attempts.judge.policy.replicas.in_use().is_some() {
                 report.addresses = attempt::addresses_seen();
             }
