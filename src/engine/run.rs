@@ -250,14 +250,10 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// The attempt loop: attempt → decide → sleep → admission → next; the
-    /// last attempt's value, the run's report finished
-    /// ([`Run::finish`]).
-    ///
-    /// Borrows the run rather than taking it: an `async fn` keeps a copy of
-    /// each argument it moves in, and the run is the largest. The report
-    /// stays in the run for its owner to move out, not copied into the
-    /// value returned.
+    /// The attempt loop: attempt → decide → sleep → admission → next. It
+    /// borrows the run (an `async fn` keeps a copy of each argument it moves
+    /// in, and the run is the largest) and leaves the report, finished, in
+    /// it for its owner to move out.
     ///
     /// The clock is read once per attempt, when it ends: the first attempt
     /// begins at the run's start, a retry when admission lets it go, and
@@ -432,8 +428,7 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// Ends the operation at `now`: the report (finished in place, where
-    /// its owner moves it from), the span's fields, the counters.
+    /// Ends the operation at `now`: the report, in place; the span; the counters.
     pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) {
         let host = self.host();
         let report = &mut self.report;
