@@ -39,7 +39,10 @@
 //! the contract must on a success: the contract's first attempt, a copy of
 //! the request kept for a retry and a report in the response,
 //! `support/floor.rs`) join the chains. Each run prints the allocations it
-//! made; per call is the same difference as for instructions.
+//! made; per call is the same difference as for instructions. A chain
+//! named `<chain>+auth` (`bare`, `empty`, `reqwest-retry`, the
+//! `safe-retry` ones) sends every request with an `Authorization` header,
+//! a bearer token: what a caller's credential costs each layer (issue 56).
 
 #[path = "support/floor.rs"]
 mod floor;
@@ -126,7 +129,8 @@ fn usage() {
          <get|post> <calls>\n       instructions http \
          <bare|floor|contract|contract-lean|contract-own-timer|retry-floor|empty|reqwest-retry|safe-retry|\
          safe-retry-no-deadline|safe-retry-no-deadline-header|safe-retry-replicas> \
-         <get|post> <calls>\n       instructions serve [address]\n       \
+         <get|post> <calls> (any but the hand-written ones with +auth: a bearer token)\n       \
+         instructions serve [address]\n       \
          instructions remote <url> <chain, as for http> <get|post> <calls>"
     );
 }
@@ -280,11 +284,22 @@ fn serve(address: &str) {
     });
 }
 
+/// The credential of the `+auth` chains: a bearer token of a usual
+/// length (an opaque 43-character token).
+const BEARER: &str = "Bearer 8sJ2kQ0vX1cR7mN4pL9tY6wE3aZ5uH0bG2dF8iK1oT7";
+
 /// `calls` requests, one at a time, to `remote` (a server in another
 /// process, `serve`), or to an axum server on loopback served by the same
 /// thread (a current-thread runtime), when `remote` is `None`: then client
 /// and server are both counted, the same server for every chain.
 fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
+    // `<chain>+auth` (a chain with no hand-written request of its own, or
+    // `bare`): every request carries a caller's credential, which
+    // `RetryMiddleware` digests into the route it paces.
+    let (name, auth) = match name.strip_suffix("+auth") {
+        Some(name) => (name, Some(BEARER)),
+        None => (name, None),
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -348,8 +363,20 @@ fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
                         reqwest::Response::from(http::Response::from_parts(parts, body))
                     })
                 }
-                (Some(c), _) if post => c.post(&url).body("{}").send().await.ok(),
-                (Some(c), _) => c.get(&url).send().await.ok(),
+                (Some(c), _) => {
+                    let request = if post {
+                        c.post(&url).body("{}")
+                    } else {
+                        c.get(&url)
+                    };
+                    match auth {
+                        Some(token) => request.header(http::header::AUTHORIZATION, token),
+                        None => request,
+                    }
+                    .send()
+                    .await
+                    .ok()
+                }
                 (None, "floor") => {
                     let mut request = if post {
                         bare.post(&url)
@@ -361,8 +388,20 @@ fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
                     request = request.timeout(Duration::from_secs(30));
                     request.send().await.ok()
                 }
-                (None, _) if post => bare.post(&url).body("{}").send().await.ok(),
-                (None, _) => bare.get(&url).send().await.ok(),
+                (None, _) => {
+                    let request = if post {
+                        bare.post(&url).body("{}")
+                    } else {
+                        bare.get(&url)
+                    };
+                    match auth {
+                        Some(token) => request.header(http::header::AUTHORIZATION, token),
+                        None => request,
+                    }
+                    .send()
+                    .await
+                    .ok()
+                }
             };
             let response = response.expect("the local server answers");
             assert!(response.status().is_success());

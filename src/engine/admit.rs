@@ -55,7 +55,13 @@ impl Run<'_> {
         let partition = self.report.partition;
         let mut now = self.started;
         loop {
-            let waited = now.saturating_duration_since(self.started);
+            // Nothing waited yet on the first pass, the usual one: no
+            // clock arithmetic for it.
+            let waited = if now == self.started {
+                Duration::ZERO
+            } else {
+                now.saturating_duration_since(self.started)
+            };
             let wait = match policy.admission.admit_first(
                 partition,
                 self.route,

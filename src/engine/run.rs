@@ -62,7 +62,8 @@ where
     let mut run = Run::start(policy, limits, partition, None);
     let span = operation_span();
     run.traced = !span.is_disabled();
-    run.drive(&mut Closure(op)).instrument(span).await
+    let value = run.drive(&mut Closure(op)).instrument(span).await;
+    (value, run.report)
 }
 
 /// [`retry_in`], for an operation that must not start without time for an
@@ -249,15 +250,15 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// The attempt loop: attempt → decide → sleep → admission → next.
-    ///
-    /// Borrows the run rather than taking it: an `async fn` keeps a copy of
-    /// each argument it moves in, and the run is the largest.
+    /// The attempt loop: attempt → decide → sleep → admission → next. It
+    /// borrows the run (an `async fn` keeps a copy of each argument it moves
+    /// in, and the run is the largest) and leaves the report, finished, in
+    /// it for its owner to move out.
     ///
     /// The clock is read once per attempt, when it ends: the first attempt
     /// begins at the run's start, a retry when admission lets it go, and
     /// an operation that stops after an attempt ends when that attempt did.
-    pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> (A::Output, RetryReport) {
+    pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> A::Output {
         let mut begins = self.admit_first().await;
         loop {
             let ctx = self.context(begins);
@@ -289,7 +290,8 @@ impl<'p> Run<'p> {
                     }
                 }
             };
-            return (value, self.finish(reason, at));
+            self.finish(reason, at);
+            return value;
         }
     }
 
@@ -426,11 +428,10 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// Ends the operation at `now`: the report, the span's fields, the
-    /// counters.
-    pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) -> RetryReport {
+    /// Ends the operation at `now`: the report, in place; the span; the counters.
+    pub(crate) fn finish(&mut self, reason: StopReason, now: Instant) {
         let host = self.host();
-        let mut report = std::mem::replace(&mut self.report, RetryReport::new());
+        let report = &mut self.report;
         report.stop_reason = reason;
         deadline::note_stop(reason, self.attempt);
         report.elapsed = now.saturating_duration_since(self.started);
@@ -444,6 +445,5 @@ impl<'p> Run<'p> {
         self.policy
             .metrics
             .call_finished(host, self.attempt, reason == StopReason::Success);
-        report
     }
 }

@@ -105,21 +105,23 @@ impl Middleware for RetryMiddleware {
         // With neither, building it would only format fields for nobody.
         // `has_been_set` is tracing's own test for eliding trace points when
         // tracing is not in use (what its macros expand to).
-        let span = if tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info) {
-            tracing::info_span!(
-                "retry",
-                http.request.method = %request.method(),
-                server.address = request.url().host_str().unwrap_or_default(),
-                // `i64`: tracing-opentelemetry exports it as an integer.
-                server.port = request.url().port_or_known_default().map(i64::from),
-                url.path = request.url().path(),
-                idempotency_key = key.as_ref().map(SharedKey::as_str),
-                http.request.resend_count = tracing::field::Empty,
-                stop_reason = tracing::field::Empty,
-            )
-        } else {
-            tracing::Span::none()
-        };
+        // `None` where nobody listens: no span to make, nor to drop.
+        let listened = tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info);
+        let span = listened
+            .then(|| {
+                tracing::info_span!(
+                    "retry",
+                    http.request.method = %request.method(),
+                    server.address = request.url().host_str().unwrap_or_default(),
+                    // `i64`: tracing-opentelemetry exports it as an integer.
+                    server.port = request.url().port_or_known_default().map(i64::from),
+                    url.path = request.url().path(),
+                    idempotency_key = key.as_ref().map(SharedKey::as_str),
+                    http.request.resend_count = tracing::field::Empty,
+                    stop_reason = tracing::field::Empty,
+                )
+            })
+            .filter(|span| !span.is_disabled());
         // Admission is per host unless the request names its partition;
         // pacing is per route.
         let (host, route) = of_url(request.url());
@@ -177,7 +179,7 @@ impl Middleware for RetryMiddleware {
         // Counted under the host it is sent to, whatever admits it.
         let mut run = Run::start(policy, limits, partition, Some((host, request.url())));
         run.route = route;
-        run.traced = !span.is_disabled();
+        run.traced = span.is_some();
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
         let mut attempts = HttpAttempts {
@@ -208,7 +210,10 @@ impl Middleware for RetryMiddleware {
         // An async block, not an `async fn`: it keeps the run and the
         // attempts in place instead of a second copy of each.
         let call = async move {
-            let (result, mut report) = run.drive(&mut attempts).await;
+            let result = run.drive(&mut attempts).await;
+            // Moved out of the run, which ends here: no copy, no empty
+            // report left behind to drop.
+            let mut report = run.report;
             if attempts.judge.policy.replicas.in_use().is_some() {
                 report.addresses = attempt::addresses_seen();
             }
@@ -229,10 +234,9 @@ impl Middleware for RetryMiddleware {
             })
         };
         // With no subscriber listening, no span is entered on every poll.
-        let call: BoxFuture<'_, _> = if span.is_disabled() {
-            Box::pin(call)
-        } else {
-            Box::pin(call.instrument(span))
+        let call: BoxFuture<'_, _> = match span {
+            None => Box::pin(call),
+            Some(span) => Box::pin(call.instrument(span)),
         };
         attempt::watched(watch, call)
     }

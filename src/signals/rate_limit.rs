@@ -103,11 +103,17 @@ impl RateLimit {
 /// Whether a response carries a field [`from_headers`] reads, found in one
 /// pass over its field names: cheaper, for the few fields of a usual
 /// answer, than looking each of the four names up (each lookup parses and
-/// hashes the name).
+/// hashes the name). A field name is lowercase, so its first byte alone
+/// rules out the usual answer's fields (`content-type`, `date`, …) before
+/// any prefix is compared.
 pub(crate) fn has_fields(headers: &HeaderMap) -> bool {
     headers.keys().any(|name| {
-        let name = name.as_str();
-        name.starts_with("ratelimit") || name.starts_with("x-ratelimit-")
+        let name = name.as_str().as_bytes();
+        match name.first() {
+            Some(b'r') => name.starts_with(b"ratelimit"),
+            Some(b'x') => name.starts_with(b"x-ratelimit-"),
+            _ => false,
+        }
     })
 }
 
