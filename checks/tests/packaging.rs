@@ -132,6 +132,16 @@ fn the_lock_file_needs_no_newer_rustc_than_each_crate_declares() {
     }
 }
 
+/// The workspace's own package `name` in `cargo metadata`'s list.
+fn member<'a>(meta: &'a Value, name: &str) -> &'a Value {
+    meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name && p["source"].is_null())
+        .unwrap()
+}
+
 /// Issue 55: the ecosystem's minimum (reqwest, backon, axum-idempotent
 /// declare 1.85), not the newest a locked dependency happened to need;
 /// the test above keeps the lock file within it. The unpublished test
@@ -140,12 +150,7 @@ fn the_lock_file_needs_no_newer_rustc_than_each_crate_declares() {
 fn the_published_crates_declare_the_ecosystems_rust_1_85() {
     let meta = metadata();
     for name in PUBLISHED {
-        let p = meta["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == name && p["source"].is_null())
-            .unwrap();
+        let p = member(&meta, name);
         assert_eq!(p["rust_version"].as_str(), Some("1.85"), "{name}");
     }
 }
@@ -154,12 +159,7 @@ fn the_published_crates_declare_the_ecosystems_rust_1_85() {
 fn the_published_crates_carry_what_a_registry_page_shows() {
     let meta = metadata();
     for name in PUBLISHED {
-        let p = meta["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == name && p["source"].is_null())
-            .unwrap();
+        let p = member(&meta, name);
         for field in ["description", "license", "readme", "rust_version"] {
             assert!(p[field].is_string(), "{name} has no {field}");
         }
