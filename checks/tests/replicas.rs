@@ -93,9 +93,9 @@ fn policy(clock: &ManualClock) -> RetryPolicy {
 }
 
 /// The broken replica resets every connection after reading the request:
-/// every call succeeds, each retry goes to another replica at once (no
-/// backoff sleep), and the broken one gets no new connection once it
-/// failed.
+/// every call succeeds, each retry after a reset attributed to it goes to
+/// another replica at once (no backoff sleep), and the broken one gets no
+/// new connection once it failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_resets_is_left_and_no_call_fails() {
     let (addrs, servers) = replicas().await;
@@ -109,9 +109,16 @@ async fn a_replica_that_resets_is_left_and_no_call_fails() {
         servers.iter().map(Replica::requests).collect::<Vec<_>>()
     );
     assert_eq!(r.succeeded, 300, "{r:?}");
+    // A reset the resolver cannot attribute (on a connection the pool
+    // handed over from another request's connect, see below) is the
+    // host's failure and is retried after the usual backoff: at most one
+    // such sleep per unattributed request. Every attributed reset is
+    // retried at once.
+    let unattributed = servers[0].requests().saturating_sub(r.on_broken);
+    let slept = clock.sleeps().iter().filter(|d| !d.is_zero()).count();
     assert!(
-        clock.sleeps().iter().all(Duration::is_zero),
-        "a backoff sleep: {:?}",
+        slept <= unattributed,
+        "{slept} backoff sleeps for {unattributed} unattributed resets: {:?}, {r:?}",
         clock.sleeps()
     );
     // The broken replica's first connections fail; after that it gets
