@@ -27,7 +27,10 @@
 //! before any response does not. reqwest resolves a name when it opens a
 //! new connection, inside the future of the request that needs it, so the
 //! resolver reads a task-local slot the attempt set up and writes there the
-//! addresses it handed out, in the order hyper tries them. Every address
+//! addresses it handed out, in the order hyper tries them. The two copies
+//! of a hedged attempt have a slot each (the race polls the hedge under
+//! a mark the resolver reads), so each copy is judged on the addresses
+//! its own connection was given (see `watch`). Every address
 //! is handed out (healthy ones first), so a refused connection falls
 //! through to the next address inside one attempt, as without the
 //! resolver. A failure before any answer is attributed to the first
