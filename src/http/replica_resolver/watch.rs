@@ -52,15 +52,12 @@ pub(crate) struct Watch {
 /// What a watched call has seen so far.
 #[derive(Default)]
 struct Seen {
-    /// For each copy of the current attempt (the first, the hedge): the
-    /// addresses the resolver gave its connection, in the order hyper
-    /// tries them.
-    given: [Vec<SocketAddr>; 2],
-    /// For each copy: the probes its connections went out as. Each ends
-    /// with the copy's verdict, or when the copy ends without one.
-    probes: [Vec<Probe>; 2],
-    /// The verdict the hedge race gave the copy whose answer it returned.
-    judged: Option<Judged>,
+    /// What the current attempt's (first) copy was handed.
+    copy: Slot,
+    /// What its hedge was handed, and the race's verdict on the copy
+    /// whose answer it returned: boxed, made once the attempt is hedged,
+    /// so that an unhedged attempt carries one word for it.
+    hedge: Option<Box<Hedged>>,
     /// The address each attempt went to, for the report: the first
     /// inline, so a call of one attempt allocates nothing for it.
     first: Option<SocketAddr>,
@@ -68,7 +65,33 @@ struct Seen {
     attempts: u32,
 }
 
+/// What one copy of an attempt was handed.
+#[derive(Default)]
+struct Slot {
+    /// The addresses the resolver gave the copy's connection, in the
+    /// order hyper tries them.
+    given: Vec<SocketAddr>,
+    /// The probes its connections went out as: each ends with the copy's
+    /// verdict, or when the copy ends without one.
+    probes: Vec<Probe>,
+}
+
+/// A hedged attempt's hedge, and the race's verdict.
+#[derive(Default)]
+struct Hedged {
+    slot: Slot,
+    judged: Option<Judged>,
+}
+
 impl Seen {
+    /// `copy`'s slot (the hedge's made when first asked for).
+    fn slot(&mut self, copy: usize) -> &mut Slot {
+        match copy {
+            FIRST => &mut self.copy,
+            _ => &mut self.hedge.get_or_insert_with(Box::default).slot,
+        }
+    }
+
     fn current(&mut self) -> Option<&mut Option<SocketAddr>> {
         match self.attempts {
             0 => None,
@@ -165,10 +188,10 @@ impl Watch {
             id,
         });
         let mut seen = lock(&self.state);
-        let given = &mut seen.given[copy];
-        given.clear();
-        given.extend_from_slice(order);
-        seen.probes[copy].extend(probe);
+        let slot = seen.slot(copy);
+        slot.given.clear();
+        slot.given.extend_from_slice(order);
+        slot.probes.extend(probe);
     }
 }
 
@@ -213,10 +236,10 @@ impl Watch {
             .try_with(|watch| {
                 {
                     let mut seen = lock(&watch.state);
-                    seen.given.iter_mut().for_each(Vec::clear);
+                    seen.copy.given.clear();
                     // A probe of the attempt before ends with it.
-                    seen.probes.iter_mut().for_each(Vec::clear);
-                    seen.judged = None;
+                    seen.copy.probes.clear();
+                    seen.hedge = None;
                     seen.attempts += 1;
                     if seen.attempts > 1 {
                         seen.rest.push(None);
@@ -264,10 +287,10 @@ impl Watch {
         let copy = if hedge { HEDGE_COPY } else { FIRST };
         WATCH
             .try_with(|watch| {
-                let (given, _probes) = {
-                    let mut seen = lock(&watch.state);
-                    (take(&mut seen.given[copy]), take(&mut seen.probes[copy]))
-                };
+                let Slot {
+                    given,
+                    probes: _ended,
+                } = take(lock(&watch.state).slot(copy));
                 let addr = answered_by(result, &given);
                 let failure = addr.and_then(|a| watch.verdict(policy, a, &given, result));
                 Judged { addr, failure }
@@ -283,10 +306,12 @@ impl Watch {
             return;
         }
         let _ = WATCH.try_with(|watch| {
-            let (_given, _probes) = {
+            let _ended = {
                 let mut seen = lock(&watch.state);
-                seen.judged = judged;
-                (take(&mut seen.given), take(&mut seen.probes))
+                let first = take(&mut seen.copy);
+                let hedge = seen.hedge.get_or_insert_with(Box::default);
+                hedge.judged = judged;
+                (first, take(&mut hedge.slot))
             };
         });
     }
@@ -335,9 +360,8 @@ impl Watch {
         // a verdict on a probed address ends its probe first.
         let (addr, given, judged, _probes) = {
             let mut seen = lock(&self.state);
-            let given = take(&mut seen.given[FIRST]);
-            let probes = take(&mut seen.probes[FIRST]);
-            let judged = seen.judged.take();
+            let Slot { given, probes } = take(&mut seen.copy);
+            let judged = seen.hedge.take().and_then(|h| h.judged);
             let addr = judged.map_or_else(|| answered_by(result, &given), |j| j.addr);
             if let Some(slot) = seen.current() {
                 *slot = addr;
