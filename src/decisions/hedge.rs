@@ -87,11 +87,17 @@ use super::admission::{Bounds, Partitions};
 ///   accepting; the losing copy's answer is not counted.
 /// - **Replicas.** The hedge opens its connection through the same
 ///   resolver, healthy addresses first, and asks for `Connection: close`
-///   as its first copy does while an address is out of service. The
-///   attempt's answer is attributed to the address that gave it; a
-///   failure before any answer, to the addresses handed out last, which
-///   may be the other copy's. A probe of an ejected address ends with its
-///   attempt, whichever copy made it.
+///   as its first copy does while an address is out of service. Each
+///   copy keeps the addresses its own connection was handed: a copy that
+///   ends is judged on its own address (its answer's; for a failure
+///   before any answer, the one its connection tried first), and a probe
+///   ends with the verdict of the copy that made it, or with no verdict
+///   when that copy is dropped as the race's loser. The attempt's address
+///   ([`crate::RetryReport::addresses`]) and whether its retry goes to
+///   another replica at once are those of the copy whose answer the race
+///   returned, decided once both copies are judged: when the two copies
+///   failed on two replicas and no other is healthy, the failure is the
+///   host's.
 /// - **Deadlines.** Both copies end by the attempt's timeout (its own, or
 ///   the time left to the deadline, the shorter): the hedge is sent with
 ///   what is left of it, says so in the deadline header, and is not sent

@@ -60,6 +60,48 @@ pub(super) fn watched<'a, T: Send + 'a>(
     Watch::call(watch, call)
 }
 
+/// The judge of a request's attempts: `policy`, the request's own
+/// `classifier`, whether it carries a key, how many attempts it may make.
+#[inline]
+pub(super) fn judge<'a>(
+    policy: &'a crate::engine::RetryPolicy,
+    classifier: Option<std::sync::Arc<dyn crate::signals::Classifier>>,
+    keyed: bool,
+    max_attempts: u32,
+    request: &Request,
+) -> Judge<'a> {
+    #[cfg(not(feature = "metrics"))]
+    let _ = request;
+    Judge {
+        policy,
+        classifier,
+        keyed,
+        max_attempts,
+        #[cfg(feature = "metrics")]
+        method: method_label(request.method()),
+        replay: None,
+    }
+}
+
+/// A request's hedging, under `config`, to `host` (its admission
+/// `partition`) on `route`: no hedge sent yet.
+#[inline]
+pub(super) fn hedging(
+    config: crate::decisions::HedgeConfig,
+    partition: crate::vocabulary::Partition,
+    host: u64,
+    route: crate::vocabulary::Route,
+) -> Box<Hedging> {
+    Box::new(Hedging {
+        config,
+        partition,
+        host,
+        route,
+        sent: std::sync::atomic::AtomicU32::new(0),
+        won: std::sync::atomic::AtomicU32::new(0),
+    })
+}
+
 /// The error of an attempt that had no request left to send. The safety
 /// rule stops a stream after its one attempt, so this is a guard only.
 #[derive(Debug)]

@@ -21,6 +21,7 @@ use crate::vocabulary::{BoxFuture, Partition, Route};
 
 use super::deadline_header::stamp_headers;
 use super::judge::Judge;
+use super::replica_resolver::{Judged, Watch};
 
 /// A request's hedging: its settings, its host, and the hedges it sent
 /// (counted by the attempts' races, which only share it).
@@ -108,8 +109,8 @@ struct HedgeCopy<'a> {
 /// Which copy of a hedged attempt answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Which {
-    First,
-    Hedge,
+    First = 0,
+    Hedge = 1,
 }
 
 type Answer = reqwest_middleware::Result<Response>;
@@ -230,6 +231,11 @@ impl Hedge<'_, '_> {
         stamp_headers(policy, &mut request, &ctx, left);
         policy.metrics.hedged(self.hedging.host);
         self.hedging.sent.fetch_add(1, Ordering::Relaxed);
+        // With the replica resolver, each copy's look-ups are noted in a
+        // slot of its own (the hedge is polled under its mark), and each
+        // copy is judged on its own addresses as it ends.
+        let mark = Watch::hedge_mark(policy);
+        let mut judged: [Option<Judged>; 2] = [None, None];
         let mut first = Some(first);
         let mut second = Some(next.run(request, &mut extensions));
         let mut hedge_result = AttemptResult::Other;
@@ -244,12 +250,17 @@ impl Hedge<'_, '_> {
                 if let Some(Poll::Ready(answer)) = first.as_mut().map(|f| f.as_mut().poll(cx)) {
                     return Poll::Ready((Which::First, answer));
                 }
-                if let Some(Poll::Ready(answer)) = second.as_mut().map(|f| f.as_mut().poll(cx)) {
+                let hedge = second
+                    .as_mut()
+                    .map(|f| Watch::as_hedge(mark, || f.as_mut().poll(cx)));
+                if let Some(Poll::Ready(answer)) = hedge {
                     return Poll::Ready((Which::Hedge, answer));
                 }
                 Poll::Pending
             })
             .await;
+            judged[which as usize] =
+                Watch::copy_ended(policy, mark, which == Which::Hedge, &answer);
             let verdict = verdict(&answer);
             // A copy whose body could not follow the other's (the buffer
             // lost the body's start, while the other copy reads the
@@ -309,6 +320,9 @@ impl Hedge<'_, '_> {
             self.record_latency();
         }
         drop(second);
+        // The answer returned is its copy's, for the replica table too;
+        // a copy dropped in flight ends its probes with no verdict.
+        Watch::returned(mark, judged[winner as usize]);
         // The hedge won when its answer, a response of the host, is the
         // one used, unless both copies failed transiently (the attempt
         // failed; nobody won). A hedge that failed (an error) never won.

@@ -34,8 +34,6 @@ use crate::vocabulary::{
 
 use super::attempt::{self, HttpAttempts};
 use super::error::{CircuitOpen, DeadlineSpent, RetryError};
-use super::hedge_race::Hedging;
-use super::judge::Judge;
 
 /// Retries requests as the [`RetryPolicy`] says. Add it to a
 /// `reqwest_middleware::ClientBuilder`; clones of the client share it, its
@@ -183,25 +181,14 @@ impl Middleware for RetryMiddleware {
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
         let mut attempts = HttpAttempts {
-            judge: Judge {
+            judge: attempt::judge(
                 policy,
                 classifier,
-                keyed: run.report.idempotency_key.is_some(),
-                max_attempts: limits.max_attempts,
-                #[cfg(feature = "metrics")]
-                method: attempt::method_label(request.method()),
-                replay: None,
-            },
-            hedging: hedge.map(|config| {
-                Box::new(Hedging {
-                    config,
-                    partition,
-                    host: host.id(),
-                    route,
-                    sent: AtomicU32::new(0),
-                    won: AtomicU32::new(0),
-                })
-            }),
+                run.report.idempotency_key.is_some(),
+                limits.max_attempts,
+                &request,
+            ),
+            hedging: hedge.map(|config| attempt::hedging(config, partition, host.id(), route)),
             key_header,
             request: Some(request),
             extensions,

@@ -141,7 +141,8 @@ impl RetryReport {
     /// known). Known when the client resolves through the policy's
     /// [`crate::replicas::ReplicaResolver`]: from the answer, or, for an attempt
     /// that failed before one, from the address its new connection was
-    /// given. Empty otherwise.
+    /// given; for a hedged attempt, from the copy whose answer was used.
+    /// Empty otherwise.
     pub fn addresses(&self) -> &[Option<SocketAddr>] {
         self.addresses.as_deref().unwrap_or(&[])
     }
