@@ -115,41 +115,67 @@ impl fmt::Display for NothingToResend {
 
 impl std::error::Error for NothingToResend {}
 
+impl HttpAttempts<'_> {
+    /// The request attempt number `attempt` sends, and whether it can be
+    /// sent again (a hedge or a retry may follow); `None` once a body that
+    /// cannot be copied has been sent.
+    ///
+    /// The request kept is the caller's, with only the caller's headers.
+    /// A body reqwest can copy (bytes, or none) is sent as reqwest's copy
+    /// (`try_clone`: the method, URL, headers, body, version and every
+    /// extension, private ones too), and the request stays where it is for
+    /// the next attempt: no request is moved in or out of the kept place.
+    /// Otherwise the request kept is sent and a copy kept for the next
+    /// attempt: a stream wrapped to be kept (`replay`) and replayed, or made
+    /// afresh by the caller's `BodySource`; none when the body is a stream
+    /// that is not kept (the replay buffer is off), which is sent once, or
+    /// when no attempt can follow this one.
+    fn next_request(&mut self, attempt: u32) -> Option<(Request, bool)> {
+        let last = attempt >= self.judge.max_attempts;
+        let source = self.extensions.get::<BodySource>();
+        let kept = self.request.as_mut()?;
+        if source.is_none() {
+            if !last || self.hedging.is_some() {
+                let policy = self.judge.policy;
+                let limits = replay::Limits {
+                    limit: policy.settings.replay_limit,
+                    repeatable: self.judge.keyed || is_idempotent(kept.method()),
+                    cap: policy.settings.replay_cap,
+                    memory: &policy.replay_memory,
+                };
+                replay::prepare(limits, kept, &mut self.judge.replay);
+            }
+            if !last {
+                if let Some(mut copy) = kept.try_clone() {
+                    // The copy sent takes the caller's header map, with its
+                    // room for the headers an attempt adds (a copied map has
+                    // none, and would grow), and the request kept takes the
+                    // copy's, which no attempt writes.
+                    std::mem::swap(copy.headers_mut(), kept.headers_mut());
+                    return Some((copy, true));
+                }
+            }
+        }
+        let mut request = self.request.take()?;
+        replay::fill(&mut request, source);
+        self.request = if last {
+            None
+        } else {
+            replay::copy(&mut request, source, self.judge.replay.as_ref())
+        };
+        Some((request, last || self.request.is_some()))
+    }
+}
+
 impl Attempt for HttpAttempts<'_> {
     type Output = reqwest_middleware::Result<Response>;
 
     // The request is prepared before the future is built, so the future
     // holds only the send in flight and what the verdict needs.
     fn attempt(&mut self, ctx: AttemptContext) -> impl Future<Output = Outcome<Self::Output>> {
-        let sending = match self.request.take() {
+        let sending = match self.next_request(ctx.attempt()) {
             None => None,
-            Some(mut request) => Some({
-                // A copy for the next attempt; `None` when the body is a
-                // stream that is not kept (the replay buffer is off), which
-                // is sent once, or when no attempt can follow this one. A
-                // stream is wrapped to be kept (`replay`) or made afresh by
-                // the caller's `BodySource`.
-                let last = ctx.attempt() >= self.judge.max_attempts;
-                let source = self.extensions.get::<BodySource>();
-                let replay = &mut self.judge.replay;
-                if source.is_some() {
-                    replay::fill(&mut request, source);
-                } else if !last || self.hedging.is_some() {
-                    let policy = self.judge.policy;
-                    let limits = replay::Limits {
-                        limit: policy.settings.replay_limit,
-                        repeatable: self.judge.keyed || is_idempotent(request.method()),
-                        cap: policy.settings.replay_cap,
-                        memory: &policy.replay_memory,
-                    };
-                    replay::prepare(limits, &mut request, replay);
-                }
-                self.request = if last {
-                    None
-                } else {
-                    replay::copy(&mut request, source, replay.as_ref())
-                };
-                let cloneable = last || self.request.is_some();
+            Some((mut request, cloneable)) => Some({
                 // The caller's own timeout: each copy keeps the one it had.
                 let caller_timeout = request.timeout().copied();
                 // reqwest keeps the timeout in an extension map that it

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use http::header::Entry;
 use http::{HeaderMap, HeaderValue};
 use reqwest::Request;
 
@@ -24,9 +25,12 @@ pub const DEFAULT_DEADLINE_HEADER: &str = "request-timeout-ms";
 /// signed, fractional, not a number) is ignored, as if absent; one too
 /// large for a `u64` is the largest.
 pub(crate) fn time_left_in(headers: &HeaderMap, name: &http::HeaderName) -> Option<Duration> {
-    headers
-        .get_all(name)
-        .iter()
+    time_left_of(headers.get_all(name).iter())
+}
+
+/// [`time_left_in`], of a header's values.
+fn time_left_of<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Option<Duration> {
+    values
         // Lines folded into one with commas (RFC 9110 §5.3) count apart,
         // and each piece on its own: bytes that are not text in one piece
         // (a header may carry any byte but controls) spoil that piece only.
@@ -68,14 +72,30 @@ pub(super) fn stamp_headers(
     }
     if let (Some(name), Some(_), Some(left)) = (&settings.deadline_header, ctx.time_left(), waited)
     {
-        let carried = time_left_in(request.headers(), name);
-        if carried.is_none_or(|carried| left < carried) {
+        let value = || {
             let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            let value = match &settings.deadline_value {
+            match &settings.deadline_value {
                 Some((whole, value)) if *whole == ms => value.clone(),
                 _ => HeaderValue::from(ms),
-            };
-            request.headers_mut().insert(name.clone(), value);
+            }
+        };
+        let headers = request.headers_mut();
+        if headers.is_empty() {
+            // Nothing carried (a GET's usual headers are added later, by
+            // reqwest): no lookup before the insert.
+            headers.insert(name.clone(), value());
+            return;
+        }
+        // One lookup for the read and the write (the name hashed once).
+        match headers.entry(name) {
+            Entry::Vacant(line) => {
+                line.insert(value());
+            }
+            Entry::Occupied(mut line) => {
+                if time_left_of(line.iter()).is_none_or(|carried| left < carried) {
+                    line.insert(value());
+                }
+            }
         }
     }
 }

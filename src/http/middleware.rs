@@ -125,7 +125,15 @@ impl Middleware for RetryMiddleware {
         let (host, route) = of_url(request.url());
         // A limit belongs to whoever met it: the caller's credential
         // scopes the route (a keyed digest, never the token).
-        let route = match request.headers().get(http::header::AUTHORIZATION) {
+        // A request with no headers of its own (a GET's usual case) asks
+        // its empty map nothing, here and for its key (`choose_key`).
+        let headers = request.headers();
+        let credential = if headers.is_empty() {
+            None
+        } else {
+            headers.get(http::header::AUTHORIZATION)
+        };
+        let route = match credential {
             Some(credential) => route.for_caller(credential.as_bytes()),
             None => route,
         };
@@ -238,9 +246,14 @@ impl RetryMiddleware {
         options: Option<&RequestOptions>,
     ) -> Result<(Option<SharedKey>, Option<HeaderValue>), KeyError> {
         let settings = &self.policy.settings;
-        let mut existing = request.headers().get_all(&settings.key_header).iter();
-        if let Some(first) = existing.next() {
-            if existing.next().is_some() {
+        let headers = request.headers();
+        let mut existing = if headers.is_empty() {
+            None
+        } else {
+            Some(headers.get_all(&settings.key_header).iter())
+        };
+        if let Some(first) = existing.as_mut().and_then(Iterator::next) {
+            if existing.and_then(|mut more| more.next()).is_some() {
                 // Which of two keys a server reads is its own choice (the
                 // server half refuses them): refused before it is sent.
                 return Err(KeyError::new("the key header must appear only once"));
