@@ -81,6 +81,30 @@ fn counts(report: &RetryReport) -> (u32, u32, u32) {
     (report.attempts(), report.hedges(), report.hedge_wins())
 }
 
+/// A call whose first attempt was hedged, both copies reset, and whose
+/// retry succeeded on `retry`: the attempt's address is the first copy's
+/// (`first`, whose failure the race returned), and each copy's replica
+/// was blamed for its own reset, so `retry` alone is in service.
+fn each_reset_blamed(
+    policy: &RetryPolicy,
+    clock: &ManualClock,
+    (status, report): (u16, &RetryReport),
+    first: SocketAddr,
+    retry: SocketAddr,
+) {
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(counts(report), (2, 1, 0), "{report}");
+    assert_eq!(
+        report.addresses(),
+        [Some(first), Some(retry)],
+        "the first attempt's failure is the first copy's reset, on {first}"
+    );
+    assert!(
+        !policy.replicas().healthy_besides(NAME, retry, clock.now()),
+        "a replica that reset is still in service: only {retry} should be"
+    );
+}
+
 /// Both copies reset before any answer, each on its own replica: each
 /// replica is blamed for its own reset, the attempt's address is the one
 /// whose failure the race returned (the first copy's), and the retry goes
@@ -99,19 +123,8 @@ async fn each_copys_reset_is_blamed_on_its_own_replica() {
     servers[2].set(RESETS);
 
     let (status, report) = get(&client).await;
-    assert_eq!(status, 200, "{report}");
     assert_eq!(requests(&servers), [2, 1, 1], "first copy .2, hedge .3");
-    assert_eq!(counts(&report), (2, 1, 0), "{report}");
-    assert_eq!(
-        report.addresses(),
-        [Some(addrs[1]), Some(addrs[0])],
-        "the first attempt's failure is the first copy's reset, on .2"
-    );
-    let table = policy.replicas();
-    assert!(
-        !table.healthy_besides(NAME, addrs[0], clock.now()),
-        "a replica that reset is still in service: only .1 should be"
-    );
+    each_reset_blamed(&policy, &clock, (status, &report), addrs[1], addrs[0]);
     // The retry went elsewhere at once: the only sleep is the hedge delay.
     assert!(
         clock.sleeps().iter().all(|d| d.is_zero() || *d == MS),
@@ -192,19 +205,9 @@ async fn a_probe_made_by_the_hedge_ends_with_the_hedges_failure() {
     servers[2].set(RESETS);
 
     let (status, report) = get(&client).await;
-    assert_eq!(status, 200, "{report}");
     assert_eq!(requests(&servers), [2, 2, 1], "first copy .3, hedge .1");
-    assert_eq!(counts(&report), (2, 1, 0), "{report}");
-    assert_eq!(
-        report.addresses(),
-        [Some(addrs[2]), Some(addrs[1])],
-        "the first attempt's failure is the first copy's reset, on .3"
-    );
+    each_reset_blamed(&policy, &clock, (status, &report), addrs[2], addrs[1]);
     let table = policy.replicas();
-    assert!(
-        !table.healthy_besides(NAME, addrs[1], clock.now()),
-        "a replica that reset is still in service: only .2 should be"
-    );
     // Half way through .1's doubled ejection, .3's single one is over:
     // the next connection probes .3, not .1.
     clock.advance(FIRST_EJECTION + FIRST_EJECTION / 2);
