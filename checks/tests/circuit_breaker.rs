@@ -216,3 +216,38 @@ async fn without_the_breaker_nothing_is_refused() {
     assert_eq!(refused, 0);
     assert_eq!(offered, 500);
 }
+
+/// The breaker beside pacing: a limit belongs to whoever met it. One
+/// route of a host is over its limit (`/search`, every call a plain 429,
+/// three calls to each of another route's) while `/orders` succeeds: the
+/// host is not failing, and no `/orders` call is refused, as no limit of
+/// its own refused it. A 429 is the pacing's evidence, per route and
+/// caller, not the breaker's, which is per host.
+#[tokio::test]
+async fn a_route_over_its_limit_does_not_open_the_breaker_for_the_others() {
+    use wiremock::matchers::path;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    Mock::given(path("/search"))
+        .respond_with(ResponseTemplate::new(429))
+        .mount(&server)
+        .await;
+    Mock::given(path("/orders"))
+        .respond_with(ResponseTemplate::new(200))
+        .mount(&server)
+        .await;
+    let clock = ManualClock::new();
+    let (client, _) = client(with_breaker(&clock));
+    let (search, orders) = (
+        format!("{}/search", server.uri()),
+        format!("{}/orders", server.uri()),
+    );
+    let mut refused = [0u32; 2];
+    for _ in 0..800 {
+        for _ in 0..3 {
+            refused[0] += offer_every(&client, &clock, &search, ms(1), ms(1)).await.1;
+        }
+        refused[1] += offer_every(&client, &clock, &orders, ms(7), ms(7)).await.1;
+    }
+    assert_eq!(refused, [0, 0], "(/search, /orders) calls refused");
+}

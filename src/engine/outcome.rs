@@ -93,6 +93,17 @@ impl Verdict {
 }
 
 impl Signal {
+    /// What the circuit breaker hears of this answer, whose `verdict`
+    /// counts as `result`: whether the host accepted it, or `None`. A 429
+    /// says "too fast" for a route and a caller: the pacing's evidence,
+    /// not the host's failure, so one route over its limit opens no
+    /// breaker for the others. A "do not retry" on it still counts, as
+    /// every such failure does.
+    pub(crate) fn for_breaker(self, verdict: Verdict, result: AttemptResult) -> Option<bool> {
+        let too_fast = self.too_fast && matches!(verdict, Verdict::Transient { .. });
+        (!too_fast).then_some(result != AttemptResult::Failure)
+    }
+
     /// `record` with what the answer said of its host's rate;
     /// `count_throttled` is called for a throttling answer. A hold longer than `max_hold` (the policy's
     /// `max_retry_after`) is refused, and holds nothing: neither a

@@ -355,8 +355,8 @@ impl<'p> Run<'p> {
             policy.settings.max_retry_after,
         );
         policy.admission.record(self.report.partition, record, now);
-        if let Some(breaker) = &policy.breaker {
-            breaker.record(self.report.partition, result != AttemptResult::Failure, now);
+        if let (Some(breaker), Some(ok)) = (&policy.breaker, signal.for_breaker(verdict, result)) {
+            breaker.record(self.report.partition, ok, now);
         }
         if self.attempt == 1 && verdict != Verdict::Success && !signal.throttled {
             policy.metrics.first_attempt_failed(self.host());

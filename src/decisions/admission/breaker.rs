@@ -40,6 +40,22 @@
 //! Refusals are spread out, not drawn at random: each call adds
 //! `1 − probability` to a credit and goes out when the credit reaches one,
 //! so exactly that share of calls goes through, and tests are deterministic.
+//!
+//! # With the other features
+//!
+//! - **Pacing.** A 429 is a limit of a route and a caller, which the
+//!   pacing keeps: the breaker does not hear of it, so one route over its
+//!   limit opens no breaker for the host's other routes and callers. A
+//!   429 that also says "do not retry" is a failure, as every such answer
+//!   is; so is a 503, with a Retry-After or without.
+//! - **Replicas.** One replica's failure while another address of the
+//!   host is healthy is not counted: the host still answers.
+//! - **Hedging.** Asked once per call, before its first attempt; it counts
+//!   the answer each attempt's race returned, the losing copy's not at
+//!   all.
+//! - **Deadlines.** A refused call spends none of its deadline; an attempt
+//!   that times out is a failure (see the window above for a timeout
+//!   longer than it).
 
 use std::time::{Duration, Instant};
 

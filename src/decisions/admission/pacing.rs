@@ -23,6 +23,8 @@
 //! 503 with Retry-After says "later", not "slower" (a balancer may answer
 //! so to one request in five whatever the rate): that call's own floor,
 //! and the outage admission's; it neither slows nor holds a paced route.
+//! The circuit breaker, kept per host, never hears of a 429 (its module
+//! says what it does beside the other features).
 //!
 //! A 429's Retry-After holds the route's releases until it has passed
 //! (the 429 that began the pacing, and those to released requests: one to
