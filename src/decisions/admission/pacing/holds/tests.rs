@@ -49,18 +49,25 @@ fn an_answer_with_two_releases_in_flight_moves_no_slot() {
     assert_eq!(p.release(t3 + spacing(5.0)), Ok(()));
 }
 
-/// A ramp's step that got through answered late may have arrived late (an
-/// interval sent 172 ms after the last, arriving 212 ms after it): it
-/// proves only the time since the release before it and that lateness,
-/// not the rate it was spaced by.
-#[test]
-fn a_step_answered_late_proves_only_what_reached_the_server() {
+/// A pace held for a second, whose first release after the hold (at the
+/// returned instant) succeeded at once: the ramp's next step is due.
+fn after_a_hold() -> (Pace, Instant) {
     let t0 = Instant::now();
     let mut p = Pace::begin(t0, None, 10_000.0);
     p.hold(t0, Duration::from_secs(1));
     let t1 = t0 + Duration::from_secs(1);
     p.release(t1).unwrap();
     p.succeeded(t1, true);
+    (p, t1)
+}
+
+/// A ramp's step that got through answered late may have arrived late (an
+/// interval sent 172 ms after the last, arriving 212 ms after it): it
+/// proves only the time since the release before it and that lateness,
+/// not the rate it was spaced by.
+#[test]
+fn a_step_answered_late_proves_only_what_reached_the_server() {
+    let (mut p, t1) = after_a_hold();
     assert_eq!(p.rate(), START_RATE * RAMP_GROWTH);
     let t2 = t1 + spacing(START_RATE * RAMP_GROWTH);
     p.release(t2).unwrap();
@@ -79,12 +86,7 @@ fn a_step_answered_late_proves_only_what_reached_the_server() {
 /// take the step.
 #[test]
 fn a_last_attempt_waits_for_a_slot_at_a_rate_that_worked() {
-    let t0 = Instant::now();
-    let mut p = Pace::begin(t0, None, 10_000.0);
-    p.hold(t0, Duration::from_secs(1));
-    let t1 = t0 + Duration::from_secs(1);
-    p.release(t1).unwrap();
-    p.succeeded(t1, true);
+    let (mut p, t1) = after_a_hold();
     let step = t1 + spacing(START_RATE * RAMP_GROWTH);
     let safe = t1 + spacing(START_RATE);
     let mut q = p.clone();
