@@ -949,6 +949,19 @@ async fn with_paced_first_attempts_a_late_arrival_costs_the_warm_wave_no_probe()
     }
 }
 
+/// One of the real-nginx test's scenarios: a name, the policy, and the
+/// path of the wave's n-th call.
+type Scenario = (&'static str, fn() -> RetryPolicy, fn(usize) -> String);
+
+/// The real-nginx test's three scenarios.
+fn nginx_scenarios() -> [Scenario; 3] {
+    [
+        ("one path", seeded, one_path),
+        ("one path, paced first", paced_first, one_path),
+        ("20 paths", seeded, twenty_paths),
+    ]
+}
+
 /// Issue 51, "holds every time": a cold wave's call whose first attempt
 /// and whose release in the ramp after the first hold were refused (the
 /// ramp tries ×3 the rate, which this limiter refuses) waits in line on
@@ -962,13 +975,7 @@ async fn with_paced_first_attempts_a_late_arrival_costs_the_warm_wave_no_probe()
 /// next slot as much later).
 #[tokio::test(start_paused = true)]
 async fn whichever_release_arrives_late_no_call_spends_its_last_attempt_on_it() {
-    type Make = fn() -> RetryPolicy;
-    type Path = fn(usize) -> String;
-    let scenarios: [(&str, Make, Path); 3] = [
-        ("one path", seeded, one_path),
-        ("one path, paced first", paced_first, one_path),
-        ("20 paths", seeded, twenty_paths),
-    ];
+    let scenarios = nginx_scenarios();
     let mut failed = Vec::new();
     for (name, policy, path) in scenarios {
         // The first 20 requests are the wave's first attempts.
@@ -1028,13 +1035,7 @@ async fn trace_one() {
 #[tokio::test(start_paused = true)]
 #[ignore = "a sweep: minutes, prints a table"]
 async fn sweep() {
-    type Make = fn() -> RetryPolicy;
-    type Path = fn(usize) -> String;
-    let scenarios: [(&str, Make, Path); 3] = [
-        ("one path", seeded, one_path),
-        ("one path, paced first", paced_first, one_path),
-        ("20 paths", seeded, twenty_paths),
-    ];
+    let scenarios = nginx_scenarios();
     let seeds: u64 = std::env::var("SWEEP_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
