@@ -62,6 +62,7 @@ where
     let mut run = Run::start(policy, limits, partition, None);
     let span = operation_span();
     run.traced = !span.is_disabled();
+    run.listened = listened();
     let value = run.drive(&mut Closure(op)).instrument(span).await;
     (value, run.report)
 }
@@ -160,6 +161,13 @@ pub(crate) fn operation_span() -> tracing::Span {
     )
 }
 
+/// Whether anyone may listen to a span or an event: a subscriber has been
+/// set (tracing's own test for eliding trace points, what its macros expand
+/// to), or a logger would print one (tracing's `log` feature).
+pub(crate) fn listened() -> bool {
+    tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info)
+}
+
 /// One event per attempt: number, status or error kind, class, chosen delay,
 /// and the reason when it is the last (the OpenTelemetry count as `i64`, see `Run::finish`).
 fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
@@ -205,6 +213,9 @@ pub(crate) struct Run<'p> {
     /// Whether the operation's span has a subscriber: only then does
     /// [`Run::finish`] record the retry count and the stop reason into it.
     pub(crate) traced: bool,
+    /// Whether anyone may listen ([`listened`]): only then is the
+    /// per-attempt event made. True unless the caller asked.
+    pub(crate) listened: bool,
     /// The host an HTTP call is sent to (its URL's partition's digest),
     /// whose published series count it whatever partition admits it; 0
     /// for another operation.
@@ -241,6 +252,7 @@ impl<'p> Run<'p> {
             pacing: false,
             route: Route::WHOLE,
             traced: false,
+            listened: true,
             #[cfg(feature = "metrics")]
             host,
             report: RetryReport {
@@ -276,7 +288,9 @@ impl<'p> Run<'p> {
             // The attempt's number from the run, not from `ctx`: the
             // context is then not kept across the attempt's await, which
             // leaves the future room for `begins`, the attempt's duration.
-            trace_attempt(self.attempt, &Label(op, &value), verdict, step);
+            if self.listened {
+                trace_attempt(self.attempt, &Label(op, &value), verdict, step);
+            }
             let (reason, at) = match step {
                 Step::Stop(reason) => (reason, ended),
                 Step::Retry(delay, kind) => {

@@ -97,14 +97,11 @@ impl Middleware for RetryMiddleware {
                 .or(settings.attempt_timeout),
         });
         let classifier = options.and_then(|o| o.classifier.clone());
-        // Built only where someone may listen: once a subscriber has been
-        // set (the span then asks it, by its own name and target), or where
-        // a logger would print the span's fields (tracing's `log` feature).
-        // With neither, building it would only format fields for nobody.
-        // `has_been_set` is tracing's own test for eliding trace points when
-        // tracing is not in use (what its macros expand to).
+        // Built only where someone may listen (`run::listened`): the span
+        // then asks the subscriber, by its own name and target. With
+        // nobody, building it would only format fields for nobody.
         // `None` where nobody listens: no span to make, nor to drop.
-        let listened = tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info);
+        let listened = crate::engine::listened();
         let span = listened
             .then(|| {
                 tracing::info_span!(
@@ -186,6 +183,7 @@ impl Middleware for RetryMiddleware {
         let mut run = Run::start(policy, limits, partition, Some((host, request.url())));
         run.route = route;
         run.traced = span.is_some();
+        run.listened = listened;
         // Moved, not copied: the report owns the key.
         run.report.idempotency_key = key;
         let mut attempts = HttpAttempts {
