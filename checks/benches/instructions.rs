@@ -38,7 +38,10 @@
 //! and `retry-floor` (a middleware doing only what any retry layer keeping
 //! the contract must on a success: the contract's first attempt, a copy of
 //! the request kept for a retry and a report in the response,
-//! `support/floor.rs`) join the chains. Each run prints the allocations it
+//! `support/floor.rs`) and `contract-floor` (the retry floor and what
+//! DESIGN asks of every call beside it: admission's per-host count of
+//! first attempts, the inherited deadline read, the clock read at the
+//! start, every answer looked at for quota fields) join the chains. Each run prints the allocations it
 //! made; per call is the same difference as for instructions. A chain
 //! named `<chain>+auth` (`bare`, `empty`, `reqwest-retry`, the
 //! `safe-retry` ones) sends every request with an `Authorization` header,
@@ -127,7 +130,7 @@ fn usage() {
         "usage: instructions <canned|reqwest-retry|safe-retry|safe-retry-no-deadline|\
          safe-retry-no-deadline-header|safe-retry-replicas|keygen> \
          <get|post> <calls>\n       instructions http \
-         <bare|floor|contract|contract-lean|contract-own-timer|retry-floor|empty|reqwest-retry|safe-retry|\
+         <bare|floor|contract|contract-lean|contract-own-timer|retry-floor|contract-floor|empty|reqwest-retry|safe-retry|\
          safe-retry-no-deadline|safe-retry-no-deadline-header|safe-retry-replicas> \
          <get|post> <calls> (any but the hand-written ones with +auth: a bearer token)\n       \
          instructions serve [address]\n       \
@@ -326,6 +329,11 @@ fn http(remote: Option<&str>, name: &str, post: bool, calls: u64) {
             "retry-floor" => Some(
                 ClientBuilder::new(reqwest::Client::new())
                     .with(floor::RetryFloor::new())
+                    .build(),
+            ),
+            "contract-floor" => Some(
+                ClientBuilder::new(reqwest::Client::new())
+                    .with(floor::ContractFloor::new())
                     .build(),
             ),
             other => Some(chain(other, false).expect("a known chain")),

@@ -23,7 +23,7 @@ set -euo pipefail
 target=${CARGO_TARGET_DIR:-target}
 bin=${1:-$(ls -t "$target"/release/deps/instructions-* 2>/dev/null | grep -v '\.d$' | head -n1)}
 [ -x "$bin" ] || { echo "no instructions binary (build it first: see the header)" >&2; exit 1; }
-variants=${VARIANTS:-"bare empty reqwest-retry contract contract-lean retry-floor safe-retry safe-retry-no-deadline-header safe-retry-no-deadline"}
+variants=${VARIANTS:-"bare empty reqwest-retry contract contract-lean retry-floor contract-floor safe-retry safe-retry-no-deadline-header safe-retry-no-deadline"}
 methods=${METHODS:-"get post"}
 runs=${RUNS:-2}
 small=${SMALL:-200}
