@@ -15,6 +15,10 @@
 //!   must on a success (the contract's first attempt, a copy of the
 //!   request kept for a retry, a report in the response;
 //!   `support/floor.rs`): a retry layer's floor,
+//! - the same and what DESIGN asks of every call beside it (admission's
+//!   per-host count of first attempts, the inherited deadline read, the
+//!   clock read at the start, every answer looked at for quota fields):
+//!   the contract floor,
 //! - `ClientWithMiddleware` with this crate's `RetryMiddleware` (defaults),
 //! - the same without a deadline: what the default deadline's timer costs,
 //!
@@ -154,6 +158,14 @@ fn variants() -> Vec<(&'static str, Variant)> {
             Variant::Middleware(
                 ClientBuilder::new(client())
                     .with(floor::RetryFloor::new())
+                    .build(),
+            ),
+        ),
+        (
+            "contract floor: the retry floor + per-host count, inherited deadline, clock, quota scan",
+            Variant::Middleware(
+                ClientBuilder::new(client())
+                    .with(floor::ContractFloor::new())
                     .build(),
             ),
         ),

@@ -45,54 +45,64 @@ impl Run<'_> {
         }
     }
 
-    /// Waits, before the first attempt, while the partition is paced (it
-    /// throttled, or its quota is spent): returns when the attempt begins.
-    /// It never waits past the deadline's last attempt window, nor once the
-    /// admission stops answering "wait": then it goes at once and the
-    /// server answers.
-    pub(super) async fn admit_first(&mut self) -> Instant {
+    /// Waits `wait`, and then for as long as the partition stays paced
+    /// ([`Run::first_wait`]): returns when the first attempt begins.
+    pub(super) async fn admit_first(&mut self, mut wait: Duration) -> Instant {
+        loop {
+            self.policy.sleeper.sleep(wait).await;
+            let now = self.policy.clock.now();
+            match self.first_wait(now) {
+                Some(next) => wait = next,
+                None => return now,
+            }
+        }
+    }
+
+    /// How long the first attempt waits, asked at `now`, while the
+    /// partition is paced (it throttled, or its quota is spent); `None`
+    /// when it begins now. It never waits past the deadline's last attempt
+    /// window, nor once the admission stops answering "wait": then it goes
+    /// at once and the server answers. A plain function: the usual answer,
+    /// go, makes no future.
+    pub(super) fn first_wait(&mut self, now: Instant) -> Option<Duration> {
         let policy = self.policy;
         let partition = self.report.partition;
-        let mut now = self.started;
-        loop {
-            // Nothing waited yet on the first pass, the usual one: no
-            // clock arithmetic for it.
-            let waited = if now == self.started {
-                Duration::ZERO
-            } else {
-                now.saturating_duration_since(self.started)
-            };
-            let wait = match policy.admission.admit_first(
-                partition,
-                self.route,
-                policy.settings.pace_first_attempts,
-                waited,
-                now,
-            ) {
-                Admission::Paced(wait) | Admission::Wait(wait) => wait,
-                Admission::Admit(grant) => {
-                    if grant.is_paced() {
-                        self.grant = Some(grant);
-                    }
-                    return now;
+        // Nothing waited yet on the first pass, the usual one: no clock
+        // arithmetic for it.
+        let waited = if now == self.started {
+            Duration::ZERO
+        } else {
+            now.saturating_duration_since(self.started)
+        };
+        let wait = match policy.admission.admit_first(
+            partition,
+            self.route,
+            policy.settings.pace_first_attempts,
+            waited,
+            now,
+        ) {
+            Admission::Paced(wait) | Admission::Wait(wait) => wait,
+            Admission::Admit(grant) => {
+                if grant.is_paced() {
+                    self.grant = Some(grant);
                 }
-                _ => return now,
-            };
-            let room = match self.time_left(now) {
-                Some(left) => left.saturating_sub(policy.settings.min_attempt_window),
-                None => wait,
-            };
-            let wait = wait.min(room);
-            if wait.is_zero() {
-                return now;
+                return None;
             }
-            if waited.is_zero() {
-                policy.metrics.waited_for_rate_limit(self.host());
-            }
-            self.report.rate_limit_wait += wait;
-            policy.sleeper.sleep(wait).await;
-            now = policy.clock.now();
+            _ => return None,
+        };
+        let room = match self.time_left(now) {
+            Some(left) => left.saturating_sub(policy.settings.min_attempt_window),
+            None => wait,
+        };
+        let wait = wait.min(room);
+        if wait.is_zero() {
+            return None;
         }
+        if waited.is_zero() {
+            policy.metrics.waited_for_rate_limit(self.host());
+        }
+        self.report.rate_limit_wait += wait;
+        Some(wait)
     }
 
     /// One question to admission, `first_ask` being when the retry first

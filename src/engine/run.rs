@@ -271,7 +271,12 @@ impl<'p> Run<'p> {
     /// begins at the run's start, a retry when admission lets it go, and
     /// an operation that stops after an attempt ends when that attempt did.
     pub(crate) async fn drive<A: Attempt>(&mut self, op: &mut A) -> A::Output {
-        let mut begins = self.admit_first().await;
+        // Asked before any future is made: a first attempt usually goes
+        // at once.
+        let mut begins = match self.first_wait(self.started) {
+            None => self.started,
+            Some(wait) => self.admit_first(wait).await,
+        };
         loop {
             let ctx = self.context(begins);
             // Split at once: only the value is kept across the sleeps
@@ -310,6 +315,7 @@ impl<'p> Run<'p> {
     }
 
     /// Begins the next attempt at `now`.
+    #[inline]
     fn context(&mut self, now: Instant) -> AttemptContext {
         self.attempt += 1;
         self.report.attempts = self.attempt;

@@ -215,11 +215,17 @@ impl Drop for Replay {
 /// Makes `request` replayable before an attempt another may follow: a
 /// streamed body seen for the first time is wrapped so that what is sent
 /// is kept (in `replay`). A body reqwest can copy is left alone.
+// Inline: a request without a body (a GET's) or with bytes pays one test.
+#[inline]
 pub(crate) fn prepare(limits: Limits<'_>, request: &mut Request, replay: &mut Option<Handle>) {
     let streamed = request.body().is_some_and(|b| b.as_bytes().is_none());
-    if !streamed || limits.limit == 0 || replay.is_some() {
-        return;
+    if streamed && limits.limit != 0 && replay.is_none() {
+        keep_stream(limits, request, replay);
     }
+}
+
+/// [`prepare`] for a streamed body not kept yet, with a limit.
+fn keep_stream(limits: Limits<'_>, request: &mut Request, replay: &mut Option<Handle>) {
     let Some(body) = request.body_mut().take() else {
         return;
     };

@@ -202,8 +202,18 @@ pub(crate) struct HedgeMark(usize);
 impl Watch {
     /// The watch of a call to `request`'s host, when the policy's table
     /// is read by a resolver and the request names a host.
+    // Inline: without a resolver (the default) a call pays one test.
+    #[inline]
     pub(crate) fn of(policy: &RetryPolicy, request: &reqwest::Request) -> Option<Arc<Watch>> {
         let table = policy.replicas.in_use()?;
+        Self::of_table(table, request)
+    }
+
+    /// [`Watch::of`], with the resolver's `table`.
+    fn of_table(
+        table: &crate::decisions::ReplicaTable,
+        request: &reqwest::Request,
+    ) -> Option<Arc<Watch>> {
         let url = request.url();
         Some(Arc::new(Watch {
             host: table.key(url.host_str()?),
@@ -228,10 +238,14 @@ impl Watch {
     /// Prepares an attempt: false when the call is not watched. While an
     /// address of the host is out of service, the attempt asks for its
     /// connection to be closed after it.
+    // Inline: without a resolver (the default) an attempt pays one test.
+    #[inline]
     pub(crate) fn prepare(policy: &RetryPolicy, request: &mut reqwest::Request) -> bool {
-        if policy.replicas.in_use().is_none() {
-            return false;
-        }
+        policy.replicas.in_use().is_some() && Self::prepare_watched(policy, request)
+    }
+
+    /// [`Watch::prepare`] with a resolver in use.
+    fn prepare_watched(policy: &RetryPolicy, request: &mut reqwest::Request) -> bool {
         WATCH
             .try_with(|watch| {
                 {
