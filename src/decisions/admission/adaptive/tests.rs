@@ -203,3 +203,57 @@ fn a_route_throttled_while_others_succeed_is_paced_alone() {
         Admission::Admit(_)
     ));
 }
+
+/// The instant the next retry on `path` is released at, asked from `now`
+/// on, as often as the pacing says to wait; and its grant.
+fn next_release(a: &AdaptiveAdmission, p: Partition, path: &str, now: Instant) -> (Instant, Grant) {
+    let ask =
+        RetryRequest::new(RetryKind::Throttled, Duration::ZERO).on_route(Route::of_path(path));
+    let mut now = now;
+    for _ in 0..100 {
+        match a.admit(p, ask, now) {
+            Admission::Admit(grant) => return (now, grant),
+            Admission::Paced(wait) | Admission::Wait(wait) => now += wait,
+            Admission::Refuse => panic!("a paced retry is never refused"),
+        }
+    }
+    panic!("not released in 100 asks")
+}
+
+/// A release answered with neither a success nor a 429 (a 500, a reset)
+/// is answered all the same: the releases after it are each alone in
+/// flight again, so one answered late moves the next slot (issue 51's
+/// rule). Before, such a release stayed "in flight" for good, and every
+/// later answer was taken for one of two: no slot moved until the next
+/// hold.
+#[test]
+fn a_release_answered_with_a_failure_is_no_longer_in_flight() {
+    let ok = AttemptResult::Success;
+    // The first release answered `first`, the third `late` later than the
+    // second; the instant the fourth is released at.
+    let fourth = |first: AttemptResult, late: Duration| {
+        let a = AdaptiveAdmission::new(AdaptiveConfig::default()).unwrap();
+        let p = Partition::named("paced");
+        let route = Route::of_path("/a");
+        let t0 = Instant::now();
+        a.record(p, too_many("/a"), t0);
+        let mut now = t0;
+        for (n, result, took) in [(2, first, ms(1)), (2, ok, ms(1)), (2, ok, ms(1) + late)] {
+            let (sent, grant) = next_release(&a, p, "/a", now);
+            now = sent + took;
+            let answer = AttemptRecord::new(n, Some(grant), result).on_route(route);
+            a.record(p, answer, now);
+        }
+        next_release(&a, p, "/a", now).0
+    };
+    // The slot moves as late as the answer came (at most half an
+    // interval, ~85 ms here); the rest of the pacing barely differs.
+    for first in [ok, AttemptResult::Failure, AttemptResult::Other] {
+        let moved = fourth(first, ms(20)).saturating_duration_since(fourth(first, Duration::ZERO));
+        assert!(
+            moved >= ms(15),
+            "a release answered 20 ms late after one answered {first:?} moved no slot: \
+             the fourth goes {moved:?} after the on-time run's",
+        );
+    }
+}
