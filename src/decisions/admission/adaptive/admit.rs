@@ -244,13 +244,15 @@ impl AdaptiveAdmission {
             .rate_limit()
             .filter(|r| r.exhausted() && r.reset.is_some());
         let success = attempt.result() == AttemptResult::Success;
+        let released = attempt.grant().is_some_and(|g| g.is_paced());
+        // A release is answered whatever its answer: a pace counts the
+        // releases in flight.
         if !attempt.was_throttled()
             && exhausted.is_none()
-            && !(success && self.paced.load(Ordering::Relaxed) > 0)
+            && !((success || released) && self.paced.load(Ordering::Relaxed) > 0)
         {
             return;
         }
-        let released = attempt.grant().is_some_and(|g| g.is_paced());
         let quota_rate = attempt.rate_limit().and_then(|r| r.quota_rate());
         let max_rate = self.config.max_release_rate;
         let route = attempt.route();
@@ -306,6 +308,8 @@ impl AdaptiveAdmission {
                 pace.throttled(now, released, attempt.was_too_fast(), attempt.retry_after());
             } else if success {
                 pace.succeeded(now, released);
+            } else if released {
+                pace.answered();
             }
         });
     }

@@ -8,7 +8,9 @@
 //! in flight, answered later than the quickest answer, may have arrived as
 //! much late: the next slot comes as much later (half an interval at
 //! most), and its success proves only the rate of the time since the
-//! release before it and that lateness. A call's last attempt never goes
+//! release before it and that lateness. A release answered otherwise (a
+//! 500, a reset, a timeout) is no longer in flight, though its time says
+//! nothing. A call's last attempt never goes
 //! in a step faster than the fastest rate that worked (the ramp's after a
 //! hold, the search's): it waits for a slot at a rate that worked.
 
@@ -133,6 +135,15 @@ impl Pace {
         let quickest = self.quickest.map_or(trip, |q| q.min(trip));
         self.quickest = Some(quickest);
         trip.saturating_sub(quickest)
+    }
+
+    /// A release answered with neither a success nor a 429 (a 500, a
+    /// reset, a timeout): no longer in flight, so the answers after it are
+    /// each known alone again. Its time says nothing of when it reached
+    /// the server (a reset comes at once, a timeout late): the quickest
+    /// answer is left as it was.
+    pub(crate) fn answered(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
     }
 
     /// The next slot `late` later than an interval after the last release
