@@ -333,8 +333,6 @@ pub(crate) fn bound(limits: Limits) -> Limits {
 /// that may not be repeated) or made one attempt only (a hop configured
 /// not to retry) notes nothing: its failure says nothing about whether the
 /// caller should retry.
-// Inline: a call that succeeded (the usual end) asks no task-local.
-#[inline]
 pub(crate) fn note_stop(reason: StopReason, attempts: u32) {
     let gave_up = match reason {
         StopReason::Deadline
@@ -346,13 +344,8 @@ pub(crate) fn note_stop(reason: StopReason, attempts: u32) {
         _ => false,
     };
     if gave_up {
-        note_gave_up(reason);
+        let _ = INHERITED.try_with(|s| *lock(&s.gave_up) = Some(reason));
     }
-}
-
-#[cold]
-fn note_gave_up(reason: StopReason) {
-    let _ = INHERITED.try_with(|s| *lock(&s.gave_up) = Some(reason));
 }
 
 /// The report of a call on `partition` refused before its first attempt,

@@ -56,12 +56,12 @@ pub use metrics::{describe_metrics, names};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub(crate) use options::KeyChoice;
 pub use options::RequestOptions;
+pub(crate) use outcome::{listened, Elsewhere, Signal, Verdict};
 pub use outcome::{AttemptContext, Outcome};
-pub(crate) use outcome::{Elsewhere, Signal, Verdict};
 pub use policy::RetryPolicy;
 pub(crate) use policy::{Replicas, Rng, Settings};
-pub(crate) use run::{listened, Attempt, Run};
 pub use run::{retry, retry_if_time, retry_in};
+pub(crate) use run::{Attempt, Run};
 #[cfg(any(test, feature = "test-util"))]
 pub use runtime::ManualClock;
 pub use runtime::{BoxFuture, Clock, Sleeper, SystemClock, TokioSleeper};

@@ -1,7 +1,10 @@
 //! What one attempt came to, as the loop reads it: the caller's
 //! [`Outcome`], the verdict on it, what the answer said of its host's rate,
-//! and the [`AttemptContext`] the attempt was made with.
+//! and the [`AttemptContext`] the attempt was made with; what the loop does
+//! next; and how it tells tracing (a span per operation, an event per
+//! attempt, made only where someone may listen).
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::decisions::{AttemptRecord, AttemptResult, RetryKind};
@@ -254,4 +257,52 @@ impl AttemptContext {
     pub fn time_left(&self) -> Option<Duration> {
         self.time_left
     }
+}
+
+/// The span of one logical operation; `Run::finish` records the retry
+/// count and the stop reason into it.
+pub(crate) fn operation_span() -> tracing::Span {
+    tracing::info_span!(
+        "retry",
+        http.request.resend_count = tracing::field::Empty,
+        stop_reason = tracing::field::Empty,
+    )
+}
+
+/// Whether anyone may listen to a span or an event: a subscriber has been
+/// set (tracing's own test for eliding trace points, what its macros expand
+/// to), or a logger would print one (tracing's `log` feature).
+pub(crate) fn listened() -> bool {
+    tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info)
+}
+
+/// One event per attempt: number, status or error kind, class, chosen delay,
+/// and the reason when it is the last (the OpenTelemetry count as `i64`, see `Run::finish`).
+pub(crate) fn trace_attempt(
+    attempt: u32,
+    outcome: &dyn fmt::Display,
+    verdict: Verdict,
+    step: Step,
+) {
+    let (delay_ms, stop_reason) = match step {
+        Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
+        Step::Stop(r) => (0, r.as_str()),
+    };
+    tracing::info!(
+        attempt,
+        http.request.resend_count = i64::from(attempt - 1),
+        %outcome,
+        class = verdict.class_name(),
+        delay_ms,
+        stop_reason,
+        "attempt finished"
+    );
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Sleep this long, then ask admission for a retry of this kind.
+    Retry(Duration, RetryKind),
+    Stop(StopReason),
 }

@@ -17,7 +17,10 @@ use crate::signals::retry_after;
 use crate::vocabulary::{Partition, RetryReport, Route, StopReason};
 
 use super::deadline::{self, shorter, Limits};
-use super::outcome::{AttemptContext, Elsewhere, Outcome, Signal, Verdict};
+use super::outcome::{
+    listened, operation_span, trace_attempt, AttemptContext, Elsewhere, Outcome, Signal, Step,
+    Verdict,
+};
 use super::policy::RetryPolicy;
 
 /// Runs `op` until it succeeds, fails permanently, or the policy says stop,
@@ -151,48 +154,6 @@ impl<A: Attempt> fmt::Display for Label<'_, A> {
     }
 }
 
-/// The span of one logical operation; [`Run::finish`] records the retry
-/// count and the stop reason into it.
-pub(crate) fn operation_span() -> tracing::Span {
-    tracing::info_span!(
-        "retry",
-        http.request.resend_count = tracing::field::Empty,
-        stop_reason = tracing::field::Empty,
-    )
-}
-
-/// Whether anyone may listen to a span or an event: a subscriber has been
-/// set (tracing's own test for eliding trace points, what its macros expand
-/// to), or a logger would print one (tracing's `log` feature).
-pub(crate) fn listened() -> bool {
-    tracing::dispatcher::has_been_set() || log::log_enabled!(log::Level::Info)
-}
-
-/// One event per attempt: number, status or error kind, class, chosen delay,
-/// and the reason when it is the last (the OpenTelemetry count as `i64`, see `Run::finish`).
-fn trace_attempt(attempt: u32, outcome: &dyn fmt::Display, verdict: Verdict, step: Step) {
-    let (delay_ms, stop_reason) = match step {
-        Step::Retry(d, _) => (u64::try_from(d.as_millis()).unwrap_or(u64::MAX), ""),
-        Step::Stop(r) => (0, r.as_str()),
-    };
-    tracing::info!(
-        attempt,
-        http.request.resend_count = i64::from(attempt - 1),
-        %outcome,
-        class = verdict.class_name(),
-        delay_ms,
-        stop_reason,
-        "attempt finished"
-    );
-}
-
-/// What to do after an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Step {
-    /// Sleep this long, then ask admission for a retry of this kind.
-    Retry(Duration, RetryKind),
-    Stop(StopReason),
-}
 /// The state of one logical operation.
 pub(crate) struct Run<'p> {
     pub(super) policy: &'p RetryPolicy,
@@ -453,7 +414,10 @@ impl<'p> Run<'p> {
         let host = self.host();
         let report = &mut self.report;
         report.stop_reason = reason;
-        deadline::note_stop(reason, self.attempt);
+        // A success (the usual end) notes nothing, and asks no task-local.
+        if reason != StopReason::Success {
+            deadline::note_stop(reason, self.attempt);
+        }
         report.elapsed = now.saturating_duration_since(self.started);
         if self.traced {
             let span = tracing::Span::current();

@@ -202,18 +202,8 @@ pub(crate) struct HedgeMark(usize);
 impl Watch {
     /// The watch of a call to `request`'s host, when the policy's table
     /// is read by a resolver and the request names a host.
-    // Inline: without a resolver (the default) a call pays one test.
-    #[inline]
     pub(crate) fn of(policy: &RetryPolicy, request: &reqwest::Request) -> Option<Arc<Watch>> {
         let table = policy.replicas.in_use()?;
-        Self::of_table(table, request)
-    }
-
-    /// [`Watch::of`], with the resolver's `table`.
-    fn of_table(
-        table: &crate::decisions::ReplicaTable,
-        request: &reqwest::Request,
-    ) -> Option<Arc<Watch>> {
         let url = request.url();
         Some(Arc::new(Watch {
             host: table.key(url.host_str()?),
