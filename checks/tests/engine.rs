@@ -1,9 +1,14 @@
 //! The generic engine: the same policy, budget and deadline over any async
 //! operation.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use reqwest_safe_retry::admission::TokenBucketConfig;
+use futures_util::FutureExt;
+use reqwest_safe_retry::admission::{
+    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, Partition, RetryAdmission,
+    RetryRequest, TokenBucketConfig,
+};
 use reqwest_safe_retry::retry::{retry, Outcome};
 use reqwest_safe_retry::time::ManualClock;
 use reqwest_safe_retry::{Jitter, RetryPolicy, StopReason};
@@ -347,4 +352,68 @@ async fn the_aws_quota_charges_14_and_5_refunds_successes_and_credits_clean_call
     assert_eq!(scripted(&p, "t").await.attempts(), 1);
     scripted(&p, "s").await;
     assert_eq!(scripted(&p, "t").await.attempts(), 2);
+}
+
+/// An admission that admits every retry with a token and keeps what it is
+/// told.
+#[derive(Debug, Default)]
+struct Told(Mutex<Vec<AttemptRecord>>);
+
+impl RetryAdmission for Told {
+    fn first_attempt(&self, _: Partition, _: Instant) {}
+
+    fn admit(&self, _: Partition, _: RetryRequest, _: Instant) -> Admission {
+        Admission::Admit(Grant::new(GrantSource::Token, 1.0))
+    }
+
+    fn record(&self, _: Partition, attempt: AttemptRecord, _: Instant) {
+        self.0.lock().unwrap().push(attempt);
+    }
+}
+
+/// A retry admitted and then dropped by its caller (a timeout around the
+/// call, `select!`) is told to admission as `Other`, with its grant: the
+/// place it was given (a paced release in flight, the host's one probe)
+/// is freed at once, not when a lease runs out. A first attempt, sent
+/// under no grant, tells nothing when dropped.
+#[tokio::test]
+async fn an_admitted_retry_dropped_by_its_caller_is_told_to_admission() {
+    let clock = ManualClock::new();
+    let told = Arc::new(Told::default());
+    let p = policy(&clock)
+        .shared_admission(told.clone())
+        .build()
+        .unwrap();
+    // The second attempt never ends: the call is dropped while it is sent.
+    let call = retry(&p, |ctx| async move {
+        if ctx.attempt() == 1 {
+            Outcome::transient(())
+        } else {
+            std::future::pending().await
+        }
+    });
+    assert!(call.now_or_never().is_none(), "the second attempt pends");
+    let told: Vec<_> = told
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| (r.attempt(), r.result(), r.grant().map(|g| g.source())))
+        .collect();
+    assert_eq!(
+        told,
+        [
+            (1, AttemptResult::Failure, None),
+            (2, AttemptResult::Other, Some(GrantSource::Token)),
+        ]
+    );
+    // Dropped at its first attempt: nothing to tell.
+    let told = Arc::new(Told::default());
+    let p = policy(&clock)
+        .shared_admission(told.clone())
+        .build()
+        .unwrap();
+    let call = retry(&p, |_| std::future::pending::<Outcome<()>>());
+    assert!(call.now_or_never().is_none());
+    assert!(told.0.lock().unwrap().is_empty());
 }
