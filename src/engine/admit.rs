@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::decisions::{Admission, RetryKind, RetryRequest};
+use crate::decisions::{Admission, AttemptRecord, AttemptResult, RetryKind, RetryRequest};
 use crate::vocabulary::StopReason;
 
 use super::run::Run;
@@ -173,5 +173,38 @@ impl Run<'_> {
                 Asked::Stop(StopReason::BudgetExhausted)
             }
         }
+    }
+}
+
+/// An attempt sent under admission's grant, told to admission if its
+/// caller drops the call before the attempt ends (a timeout around the
+/// call, `select!`): as [`AttemptResult::Other`], no evidence either way,
+/// so that the place it was given (a paced release in flight, the host's
+/// one probe) is freed at once, not when a lease runs out.
+pub(super) struct Abandoned<'r, 'p>(&'r Run<'p>);
+
+impl<'p> Run<'p> {
+    /// The guard of the attempt about to be sent; `None` for one sent
+    /// under no grant (a first attempt that was not paced).
+    pub(super) fn abandoned(&self) -> Option<Abandoned<'_, 'p>> {
+        self.grant.is_some().then(|| Abandoned(self))
+    }
+
+    /// The attempt `guard` watched ended, and is recorded as usual:
+    /// nothing to tell.
+    pub(super) fn attempt_ended(guard: Option<Abandoned<'_, 'p>>) {
+        std::mem::forget(guard);
+    }
+}
+
+impl Drop for Abandoned<'_, '_> {
+    fn drop(&mut self) {
+        let run = self.0;
+        let record =
+            AttemptRecord::new(run.attempt, run.grant, AttemptResult::Other).on_route(run.route);
+        let now = run.policy.clock.now();
+        run.policy
+            .admission
+            .record(run.report.partition, record, now);
     }
 }

@@ -159,7 +159,6 @@ pub(crate) struct Run<'p> {
     pub(super) policy: &'p RetryPolicy,
     pub(super) limits: Limits,
     pub(super) started: Instant,
-    pub(super) deadline: Option<Instant>,
     pub(super) attempt: u32,
     pub(super) prev_delay: Duration,
     /// The grant the current attempt was sent under (`None` for the first).
@@ -204,8 +203,6 @@ impl<'p> Run<'p> {
             policy,
             limits,
             started: now,
-            // An instant too far to represent is no deadline at all.
-            deadline: limits.deadline.and_then(|d| now.checked_add(d)),
             attempt: 0,
             prev_delay: policy.settings.backoff.base(),
             grant: None,
@@ -240,6 +237,9 @@ impl<'p> Run<'p> {
         };
         loop {
             let ctx = self.context(begins);
+            // An attempt sent under a grant that its caller drops is told
+            // to admission all the same (a first attempt has none).
+            let guard = self.abandoned();
             // Split at once: only the value is kept across the sleeps
             // below, so the future stays small.
             let Outcome {
@@ -247,6 +247,7 @@ impl<'p> Run<'p> {
                 verdict,
                 signal,
             } = op.attempt(ctx).await;
+            Self::attempt_ended(guard);
             let ended = self.policy.clock.now();
             #[cfg(feature = "metrics")]
             op.took(&value, self.host(), ended.saturating_duration_since(begins));
@@ -283,7 +284,7 @@ impl<'p> Run<'p> {
         // A first attempt that did not wait begins at the start: the whole
         // deadline is left.
         let time_left = if self.attempt == 1 && now == self.started {
-            self.deadline.and(self.limits.deadline)
+            self.deadline().and(self.limits.deadline)
         } else {
             self.time_left(now)
         };
@@ -314,8 +315,17 @@ impl<'p> Run<'p> {
         0
     }
 
+    /// The instant the deadline ends at, made when asked (a call that
+    /// succeeds at once asks once): not kept in the future every call
+    /// boxes. An instant too far to represent is no deadline at all.
+    fn deadline(&self) -> Option<Instant> {
+        self.limits
+            .deadline
+            .and_then(|d| self.started.checked_add(d))
+    }
+
     pub(super) fn time_left(&self, now: Instant) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(now))
+        self.deadline().map(|d| d.saturating_duration_since(now))
     }
 
     /// Decides, after an attempt, whether and how long to wait for the next.

@@ -158,11 +158,11 @@ pub trait RetryAdmission: Send + Sync + fmt::Debug + 'static {
     }
 
     /// How an attempt ended, with the grant it was sent under (`None` for a
-    /// first attempt). A hedged attempt is recorded twice: once as the
-    /// attempt (with the answer used), and once as its hedge, with the
-    /// hedge's grant and the hedge's own result ([`AttemptResult::Other`]
-    /// when it was dropped before it answered). A hedge whose call is
-    /// dropped mid-race is never recorded.
+    /// first attempt). A hedged attempt is recorded as the attempt (the
+    /// answer used) and as its hedge (its grant and result, [`AttemptResult::Other`]
+    /// if dropped before it answered; never if the call is dropped mid-race).
+    /// An attempt sent under a grant whose call is dropped before it ends
+    /// is recorded as `Other`, freeing its place (a paced release, a probe).
     fn record(&self, partition: Partition, attempt: AttemptRecord, now: Instant);
 }
 
