@@ -1,14 +1,15 @@
 //! The generic engine: the same policy, budget and deadline over any async
 //! operation.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+#[path = "support/ledger.rs"]
+mod ledger;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::FutureExt;
-use reqwest_safe_retry::admission::{
-    Admission, AttemptRecord, AttemptResult, Grant, GrantSource, Partition, RetryAdmission,
-    RetryRequest, TokenBucketConfig,
-};
+use ledger::Ledger;
+use reqwest_safe_retry::admission::{AttemptResult, GrantSource, TokenBucketConfig};
 use reqwest_safe_retry::retry::{retry, Outcome};
 use reqwest_safe_retry::time::ManualClock;
 use reqwest_safe_retry::{Jitter, RetryPolicy, StopReason};
@@ -354,23 +355,6 @@ async fn the_aws_quota_charges_14_and_5_refunds_successes_and_credits_clean_call
     assert_eq!(scripted(&p, "t").await.attempts(), 2);
 }
 
-/// An admission that admits every retry with a token and keeps what it is
-/// told.
-#[derive(Debug, Default)]
-struct Told(Mutex<Vec<AttemptRecord>>);
-
-impl RetryAdmission for Told {
-    fn first_attempt(&self, _: Partition, _: Instant) {}
-
-    fn admit(&self, _: Partition, _: RetryRequest, _: Instant) -> Admission {
-        Admission::Admit(Grant::new(GrantSource::Token, 1.0))
-    }
-
-    fn record(&self, _: Partition, attempt: AttemptRecord, _: Instant) {
-        self.0.lock().unwrap().push(attempt);
-    }
-}
-
 /// A retry admitted and then dropped by its caller (a timeout around the
 /// call, `select!`) is told to admission as `Other`, with its grant: the
 /// place it was given (a paced release in flight, the host's one probe)
@@ -379,7 +363,7 @@ impl RetryAdmission for Told {
 #[tokio::test]
 async fn an_admitted_retry_dropped_by_its_caller_is_told_to_admission() {
     let clock = ManualClock::new();
-    let told = Arc::new(Told::default());
+    let told = Arc::new(Ledger::default());
     let p = policy(&clock)
         .shared_admission(told.clone())
         .build()
@@ -394,7 +378,7 @@ async fn an_admitted_retry_dropped_by_its_caller_is_told_to_admission() {
     });
     assert!(call.now_or_never().is_none(), "the second attempt pends");
     let told: Vec<_> = told
-        .0
+        .records
         .lock()
         .unwrap()
         .iter()
@@ -408,12 +392,12 @@ async fn an_admitted_retry_dropped_by_its_caller_is_told_to_admission() {
         ]
     );
     // Dropped at its first attempt: nothing to tell.
-    let told = Arc::new(Told::default());
+    let told = Arc::new(Ledger::default());
     let p = policy(&clock)
         .shared_admission(told.clone())
         .build()
         .unwrap();
     let call = retry(&p, |_| std::future::pending::<Outcome<()>>());
     assert!(call.now_or_never().is_none());
-    assert!(told.0.lock().unwrap().is_empty());
+    assert!(told.records.lock().unwrap().is_empty());
 }

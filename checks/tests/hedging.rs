@@ -3,14 +3,18 @@
 //! delay, the budget, the winner and the cancelled copy are checked to the
 //! microsecond with no real sleeping.
 
+#[path = "support/ledger.rs"]
+mod ledger;
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Extensions;
+use ledger::Ledger;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_safe_retry::admission::{
-    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, Grant, GrantSource,
+    AdaptiveAdmission, AdaptiveConfig, Admission, AttemptRecord, AttemptResult, GrantSource,
     Partition, RetryAdmission, RetryKind, RetryRequest, Route, TokenBucketConfig,
 };
 use reqwest_safe_retry::hedging::HedgeConfig;
@@ -876,27 +880,6 @@ async fn with_a_deadline_alone_the_hedge_gets_what_is_left_of_it() {
         hedge.headers["request-timeout-ms"],
         (1000 - delay.as_millis()).to_string().as_str()
     );
-}
-
-/// An admission that admits everything and keeps what it was asked and
-/// told.
-#[derive(Debug, Default)]
-struct Ledger {
-    asked: Mutex<Vec<RetryKind>>,
-    records: Mutex<Vec<AttemptRecord>>,
-}
-
-impl RetryAdmission for Ledger {
-    fn first_attempt(&self, _: Partition, _: std::time::Instant) {}
-
-    fn admit(&self, _: Partition, retry: RetryRequest, _: std::time::Instant) -> Admission {
-        self.asked.lock().unwrap().push(retry.kind());
-        Admission::Admit(Grant::new(GrantSource::Token, 1.0))
-    }
-
-    fn record(&self, _: Partition, attempt: AttemptRecord, _: std::time::Instant) {
-        self.records.lock().unwrap().push(attempt);
-    }
 }
 
 #[tokio::test(start_paused = true)]
