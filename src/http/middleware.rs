@@ -97,7 +97,7 @@ impl Middleware for RetryMiddleware {
                 .or(settings.attempt_timeout),
         });
         let classifier = options.and_then(|o| o.classifier.clone());
-        // Built only where someone may listen (`run::listened`): the span
+        // Built only where someone may listen (`engine::listened`): the span
         // then asks the subscriber, by its own name and target. With
         // nobody, building it would only format fields for nobody.
         // `None` where nobody listens: no span to make, nor to drop.

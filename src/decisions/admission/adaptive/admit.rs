@@ -57,11 +57,11 @@ impl RetryAdmission for AdaptiveAdmission {
             } else if dry && h.next_probe == Due::Unarmed {
                 h.next_probe = after(now, h.probe_interval);
             }
-            // A probe presumed lost (no report came: the engine reports a
-            // dropped call's, so another caller's) frees its place after
-            // the longest wait, at most
-            // PROBE_LEASE (an unbounded wait must not stop probing for
-            // good), and never before the probe interval.
+            // A probe presumed lost (never reported: the engine reports
+            // one whose call is dropped, another caller may not) frees its
+            // place after the longest wait, at most PROBE_LEASE (an
+            // unbounded wait must not stop probing for good), and never
+            // before the probe interval.
             let lease = c.max_admission_wait.min(PROBE_LEASE).max(h.probe_interval);
             let in_flight = h
                 .probe_in_flight
